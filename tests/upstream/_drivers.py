@@ -1,0 +1,284 @@
+"""Drivers for the real ``ResponsesHostServer``: tapped/guarded subclasses, HTTP and raw-ASGI callers.
+
+Every await here is bounded by ``asyncio.timeout``; a ``TimeoutError`` always propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import httpx
+from agent_framework_foundry_hosting import ResponsesHostServer
+
+HOSTING_VERSION = metadata.version("agent-framework-foundry-hosting")
+RESPONSES_VERSION = metadata.version("azure-ai-agentserver-responses")
+OLD_RELEASE = HOSTING_VERSION == "1.0.0b260918"
+
+TERMINAL_TYPES = frozenset({"response.completed", "response.incomplete", "response.failed"})
+ENDED_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
+
+STEP = 20.0  # bound for one step of a scenario (a request, a wait for an executor)
+
+
+def event_type(event: object) -> str:
+    if isinstance(event, dict):
+        return str(event.get("type"))
+    return type(event).__name__
+
+
+@dataclass
+class Seen:
+    """One event as a wrapper saw it, with the cause flags at that moment (S, C, D, T)."""
+
+    type: str
+    signal: bool
+    client_cancelled: bool
+    shutdown: bool
+    steered: bool
+    event: object = None
+
+    @property
+    def flags(self) -> str:
+        return "".join(
+            letter
+            for letter, on in (
+                ("S", self.signal),
+                ("C", self.client_cancelled),
+                ("D", self.shutdown),
+                ("T", self.steered),
+            )
+            if on
+        )
+
+
+@dataclass
+class Run:
+    """What one response looked like from inside the server."""
+
+    inner: list[Seen] = field(default_factory=list)  # what the unguarded handler yielded
+    forwarded: list[Seen] = field(default_factory=list)  # what the wrapper handed to the host
+    guard: Any = None  # the eventguard Guard, when guarded
+    context: Any = None
+    raised: BaseException | None = None  # what escaped the wrapper, if anything
+    closed: asyncio.Event = field(default_factory=asyncio.Event)  # the wrapper generator finished
+
+    def inner_types(self) -> list[str]:
+        return [s.type for s in self.inner]
+
+    def forwarded_types(self) -> list[str]:
+        return [s.type for s in self.forwarded]
+
+    def inner_terminal(self) -> Seen | None:
+        return next((s for s in self.inner if s.type in TERMINAL_TYPES), None)
+
+    def forwarded_terminals(self) -> list[Seen]:
+        return [s for s in self.forwarded if s.type in TERMINAL_TYPES]
+
+
+def _seen(event: object, signal: Any, context: Any) -> Seen:
+    return Seen(
+        type=event_type(event),
+        signal=signal.is_set(),
+        client_cancelled=bool(getattr(context, "client_cancelled", False)),
+        shutdown=bool(getattr(context, "shutdown", None) and context.shutdown.is_set()),
+        steered=bool(getattr(context, "is_steered_turn", False)),
+        event=event,
+    )
+
+
+async def _tap(inner: Any, run: Run, signal: Any, context: Any) -> AsyncIterator[Any]:
+    async with aclosing(inner):
+        async for event in inner:
+            run.inner.append(_seen(event, signal, context))
+            yield event
+
+
+class Recording:
+    """Shared recording of every response a tapped server handled, by response id."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, Run] = {}
+        self.order: list[str] = []
+        self.started = asyncio.Event()
+
+    def new(self, response_id: str) -> Run:
+        run = self.runs.get(response_id)
+        if run is None:
+            run = Run()
+            self.runs[response_id] = run
+            self.order.append(response_id)
+        else:  # a second invocation (recovery, steering drain) of the same id
+            fresh = Run()
+            self.runs[f"{response_id}#{len(self.order)}"] = run
+            self.runs[response_id] = fresh
+            self.order.append(response_id)
+            run = fresh
+        self.started.set()
+        return run
+
+    def last(self) -> Run:
+        return self.runs[self.order[-1]]
+
+
+def tapped_server_class(recording: Recording, *, guarded: bool, **guard_options: Any) -> type[Any]:
+    """A ``ResponsesHostServer`` subclass that records what its ``_handle_response`` wrapper saw.
+
+    ``guarded=False``: the raw tap (what the unguarded handler yields is what the host gets).
+    ``guarded=True``: the explicit ``guard(...)`` form of issue 2, with the Guard captured.
+    """
+
+    class Tapped(ResponsesHostServer):  # type: ignore[misc]
+        async def _handle_response(self, request: Any, context: Any, cancellation_signal: Any) -> Any:
+            run = recording.new(context.response_id)
+            run.context = context
+            unguarded = super()._handle_response(request, context, cancellation_signal)
+            inner = _tap(unguarded, run, cancellation_signal, context)
+            try:
+                if guarded:
+                    from eventguard import guard
+
+                    g = guard(inner, cancellation_signal, context=context, **guard_options)
+                    run.guard = g
+                    async with g as events:
+                        async for event in events:
+                            run.forwarded.append(_seen(event, cancellation_signal, context))
+                            yield event
+                else:
+                    async for event in inner:
+                        run.forwarded.append(_seen(event, cancellation_signal, context))
+                        yield event
+            except BaseException as exc:
+                run.raised = exc
+                raise
+            finally:
+                run.closed.set()
+
+    return Tapped
+
+
+def make_server(cls: type[Any], agent: Any, **kwargs: Any) -> Any:
+    kwargs.setdefault("configure_observability", None)
+    return cls(agent, **kwargs)
+
+
+def client_for(app: Any) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=app)
+    return httpx.AsyncClient(transport=transport, base_url="http://eventguard.test", timeout=STEP)
+
+
+def parse_sse(body: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    for block in body.split("\n\n"):
+        data = [line[5:].strip() for line in block.splitlines() if line.startswith("data:")]
+        if data:
+            payload = "\n".join(data)
+            if payload and payload != "[DONE]":
+                events.append(json.loads(payload))
+    return events
+
+
+async def create(client: httpx.AsyncClient, **body: Any) -> httpx.Response:
+    body.setdefault("input", "go")
+    async with asyncio.timeout(STEP):
+        return await client.post("/responses", json=body)
+
+
+async def get_status(client: httpx.AsyncClient, response_id: str) -> str | None:
+    async with asyncio.timeout(STEP):
+        got = await client.get(f"/responses/{response_id}")
+    if got.status_code != 200:
+        return None
+    return str(got.json().get("status"))
+
+
+async def wait_status(
+    client: httpx.AsyncClient, response_id: str, *, ended: bool = True, within: float = STEP
+) -> str | None:
+    """Poll ``GET /responses/{id}`` until it reports an ending (or return the last status seen)."""
+    status: str | None = None
+    async with asyncio.timeout(within):
+        while True:
+            status = await get_status(client, response_id)
+            if not ended or status in ENDED_STATUSES:
+                return status
+            await asyncio.sleep(0.05)
+
+
+async def wait_for(event: asyncio.Event, within: float = STEP) -> None:
+    async with asyncio.timeout(within):
+        await event.wait()
+
+
+async def wait_until(predicate: Callable[[], bool], within: float = STEP) -> None:
+    async with asyncio.timeout(within):
+        while not predicate():  # noqa: ASYNC110 - polls state owned by the host
+            await asyncio.sleep(0.01)
+
+
+@dataclass
+class AsgiCall:
+    """A raw ASGI request whose client can disconnect at a chosen moment."""
+
+    status: int | None = None
+    body: bytearray = field(default_factory=bytearray)
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    disconnect: asyncio.Event = field(default_factory=asyncio.Event)
+    error: BaseException | None = None
+
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
+async def asgi_post_with_disconnect(app: Any, path: str, body: dict[str, Any], call: AsgiCall) -> None:
+    """POST ``body`` to ``app`` through raw ASGI; ``call.disconnect.set()`` makes the client go away.
+
+    ``receive()`` first returns the request body, then blocks until ``call.disconnect`` is set and
+    then returns ``http.disconnect`` (as a real server does when the socket closes).
+    """
+    raw = json.dumps(body).encode()
+    sent_body = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        if not call.disconnect.is_set():
+            await call.disconnect.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            call.status = message["status"]
+        elif message["type"] == "http.response.body":
+            call.body.extend(message.get("body", b""))
+            if not message.get("more_body", False):
+                call.finished.set()
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"eventguard.test"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("eventguard.test", 80),
+    }
+    try:
+        await app(scope, receive, send)
+    except BaseException as exc:  # recorded for the test to inspect, then re-raised
+        call.error = exc
+        raise
+    finally:
+        call.finished.set()
