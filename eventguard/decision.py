@@ -1,0 +1,157 @@
+"""The terminal decision: one small pure function, tested row by row against the README's table.
+
+``decide(how the inner stream ended, the cause flags at that moment, options) -> what to forward,
+how the lifecycle ends``. Nothing here reads a clock, a signal or a context: the guard snapshots
+the flags at the moment the inner stream produced its terminal (or ended) and passes them in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from eventguard.lifecycle import Cause, State
+
+
+class Ending(Enum):
+    """How the inner stream ended."""
+
+    COMPLETED = "completed"  # a response.completed terminal
+    INCOMPLETE = "incomplete"  # a response.incomplete terminal
+    FAILED = "failed"  # a response.failed terminal with status failed
+    CANCELLED = "cancelled"  # a response.failed terminal with status cancelled
+    NO_TERMINAL = "no_terminal"  # returned without a terminal
+    RAISED = "raised"  # raised an Exception
+    RAISED_CANCELLED = "raised_cancelled"  # asyncio.CancelledError reached the guard
+    RAISED_BASE = "raised_base"  # ResponseExitForRecovery, KeyboardInterrupt, SystemExit...
+    CLOSED_EARLY = "closed_early"  # the consumer closed the guard before the end
+    ABANDONED = "abandoned"  # the consumer stopped iterating and never came back
+    STUCK = "stuck"  # the inner stream ignored the signal past cancel_grace
+
+
+TERMINAL_ENDINGS = frozenset({Ending.COMPLETED, Ending.INCOMPLETE, Ending.FAILED, Ending.CANCELLED})
+
+
+class Forward(Enum):
+    """What the guard hands the host in place of the inner stream's ending."""
+
+    PASS = "pass"  # the inner terminal, as it is
+    NOTHING = "nothing"  # no terminal: the host writes its own (cancel) or the stream just ends
+    FAILED_SHUTDOWN = "failed_shutdown"  # a response.failed, error code server_shutdown
+    FAILED_MISSING_TERMINAL = "failed_missing_terminal"  # a response.failed, error code missing_terminal
+    CANCELLED = "cancelled"  # a response.failed with status cancelled (on_cancel="emit")
+
+
+@dataclass(frozen=True, slots=True)
+class Flags:
+    """The cause flags, as they were at one moment."""
+
+    signal: bool = False
+    client_cancelled: bool = False
+    shutdown: bool = False
+    #: The host runs this turn because steering queued it (``context.is_steered_turn``).
+    steered_turn: bool = False
+
+    @property
+    def steering(self) -> bool:
+        # The signal is shared by client cancel, steering and (some paths of) shutdown; steering is
+        # what is left when neither of the other two flags is set.
+        return self.signal and not self.client_cancelled and not self.shutdown
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    on_cancel: str = "omit"  # "omit" | "emit"
+    keep_shutdown_completion: bool = False
+    #: Can a run stopped by shutdown be recovered (resilient background)? interrupted, else failed.
+    recoverable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    forward: Forward
+    state: State
+    cause: Cause
+    reason: str
+    steering_cut_short: bool = False
+    unverified: bool = False
+
+
+def decide(ending: Ending, flags: Flags, options: Options = Options()) -> Decision:
+    """Decide what to forward and how the lifecycle ends. Pure: same inputs, same answer."""
+    if ending is Ending.RAISED_BASE:
+        # ResponseExitForRecovery and friends pass through untouched; the run may come back.
+        return Decision(
+            Forward.NOTHING, State.INTERRUPTED, Cause.RECOVERY, "inner stream raised a BaseException"
+        )
+
+    if flags.client_cancelled:
+        # The host has decided: the response is cancelled, whatever the inner stream says.
+        emit = options.on_cancel == "emit" and ending not in _RAISED
+        forward = Forward.CANCELLED if emit else Forward.NOTHING
+        return Decision(forward, State.CANCELLED, Cause.CLIENT_CANCEL, f"client cancel; inner {ending.value}")
+
+    if ending in TERMINAL_ENDINGS:
+        return _decide_terminal(ending, flags, options)
+
+    if flags.shutdown:
+        state = State.INTERRUPTED if options.recoverable else State.FAILED
+        forward = Forward.NOTHING
+        return Decision(forward, state, Cause.SHUTDOWN, f"shutdown; inner {ending.value}")
+
+    if ending is Ending.NO_TERMINAL:
+        return Decision(
+            Forward.FAILED_MISSING_TERMINAL,
+            State.FAILED,
+            Cause.MISSING_TERMINAL,
+            "inner stream ended without a terminal event",
+        )
+    if ending is Ending.RAISED:
+        return Decision(Forward.NOTHING, State.FAILED, Cause.ERROR, "inner stream raised")
+    if ending is Ending.RAISED_CANCELLED:
+        # Cancellation with no flag set yet (a foreground disconnect with store=false): a cancel.
+        return Decision(Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL, "task cancelled")
+    if ending is Ending.STUCK:
+        return Decision(
+            Forward.FAILED_MISSING_TERMINAL,
+            State.FAILED,
+            Cause.STUCK,
+            "inner stream ignored the signal past cancel_grace",
+        )
+    if ending is Ending.ABANDONED:
+        return Decision(Forward.NOTHING, State.FAILED, Cause.ABANDONED, "the host stopped iterating")
+    # CLOSED_EARLY with no cause flag: the consumer walked away before the end.
+    return Decision(Forward.NOTHING, State.FAILED, Cause.CLOSED_EARLY, "closed before the inner stream ended")
+
+
+_RAISED = frozenset({Ending.RAISED, Ending.RAISED_CANCELLED, Ending.RAISED_BASE})
+
+
+def _decide_terminal(ending: Ending, flags: Flags, options: Options) -> Decision:
+    if ending is Ending.COMPLETED and flags.shutdown:
+        if options.keep_shutdown_completion:
+            return Decision(
+                Forward.PASS,
+                State.COMPLETED,
+                Cause.SHUTDOWN,
+                "completion produced after shutdown was signalled, kept on request",
+                unverified=True,
+            )
+        return Decision(
+            Forward.FAILED_SHUTDOWN,
+            State.FAILED,
+            Cause.SHUTDOWN,
+            "completion produced after shutdown was signalled cannot be shown whole",
+        )
+    if ending is Ending.FAILED:
+        cause = Cause.SHUTDOWN if flags.shutdown else Cause.ERROR
+        return Decision(Forward.PASS, State.FAILED, cause, "inner stream failed")
+    if ending is Ending.CANCELLED:
+        # The inner stream claims a cancel the host did not ask for: pass it on, but say so.
+        return Decision(Forward.PASS, State.CANCELLED, Cause.NORMAL, "inner stream reported a cancel itself")
+    state = State.COMPLETED if ending is Ending.COMPLETED else State.INCOMPLETE
+    if flags.shutdown:
+        return Decision(Forward.PASS, state, Cause.SHUTDOWN, "incomplete under shutdown")
+    if flags.steering:
+        return Decision(Forward.PASS, state, Cause.STEERING, "cut short by steering", steering_cut_short=True)
+    return Decision(Forward.PASS, state, Cause.NORMAL, f"inner stream {ending.value}")

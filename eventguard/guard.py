@@ -1,0 +1,712 @@
+"""The guard: an async-iterator combinator that decides a response stream's terminal by its cause.
+
+Ownership, as in aiostream's ``streamcontext`` and asyncstdlib: the guard owns the inner stream from
+the moment it is built. It closes it exactly once, on every exit path, in the call that ends the
+guard (never later, from the garbage collector). It never swallows cancellation: ``CancelledError``,
+``ResponseExitForRecovery`` and every other ``BaseException`` are re-raised untouched, and
+``Task.cancelling()`` is left as it was found.
+
+The per-event loop is the hot path: for an output or delta event it does one ``await``, one type
+lookup, one counter increment and, with a sink, one buffered append. Everything else (validation of
+lifecycle events, the terminal decision, anomalies) happens only for the handful of lifecycle events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any, Final, Literal, Protocol
+
+from eventguard.decision import Decision, Ending, Flags, Forward, Options, decide
+from eventguard.errors import (
+    EventGuardError,
+    GuardAlreadyUsed,
+    IllegalTransition,
+    InvalidEvent,
+    NotAsyncIterable,
+)
+from eventguard.events import (
+    LIFECYCLE_KINDS,
+    TERMINAL_TYPES,
+    Kind,
+    LifecycleEventError,
+    ResponseCompleted,
+    ResponseFailed,
+    ResponseIncomplete,
+    event_type_of,
+    parse_lifecycle_event,
+    read_terminal,
+)
+from eventguard.lifecycle import AnomalyKind, ErrorInfo, Lifecycle, ResponseInfo, State
+from eventguard.recording import Recorder, Sink
+
+__all__ = ["CancellationSignal", "Guard", "guard", "info_from_context"]
+
+log = logging.getLogger("eventguard.guard")
+
+
+class CancellationSignal(Protocol):
+    def is_set(self) -> bool: ...
+
+
+#: Types that leave the hot path: lifecycle events, and events with no usable type.
+_SPECIAL: Final = frozenset(LIFECYCLE_KINDS) | {None, ""}
+#: Returned by the slow path for an event that is not forwarded.
+_DROP: Final = object()
+#: Keeps background work (a bounded final flush, a stuck inner's close) alive until it ends.
+_BACKGROUND: set[asyncio.Future[Any]] = set()
+_PRIMITIVES: Final = (str, bytes, bytearray, int, float, bool, list, tuple, set, type(None))
+_STUCK_MESSAGE: Final = "eventguard: inner stream ignored the cancellation signal past cancel_grace"
+
+_FRESH, _RUNNING, _DONE = 0, 1, 2
+
+
+def guard(
+    stream: AsyncIterable[Any],
+    cancellation_signal: CancellationSignal,
+    *,
+    context: Any = None,
+    sink: Sink | None = None,
+    on_cancel: Literal["omit", "emit"] = "omit",
+    cancel_grace: float | None = 10.0,
+    keep_shutdown_completion: bool = False,
+    strict: bool = False,
+    recoverable: bool | None = None,
+    info: ResponseInfo | None = None,
+    flush_timeout: float = 5.0,
+) -> Guard:
+    """Guard ``stream``: pass its events through unchanged and decide its terminal by cause.
+
+    ``context`` (the host's ``ResponseContext``) supplies the cause flags and what is known about the
+    response; without it a set signal counts as a client cancel. ``cancel_grace=None`` turns off the
+    watchdog that detects a stuck inner stream or a host that stopped iterating. ``recoverable``
+    says whether a run stopped by shutdown can be recovered (``interrupted``) or is lost (``failed``);
+    by default a stored background run is taken as recoverable. See the README for the whole table.
+    """
+    return Guard(
+        stream,
+        cancellation_signal,
+        context=context,
+        sink=sink,
+        on_cancel=on_cancel,
+        cancel_grace=cancel_grace,
+        keep_shutdown_completion=keep_shutdown_completion,
+        strict=strict,
+        recoverable=recoverable,
+        info=info,
+        flush_timeout=flush_timeout,
+    )
+
+
+class Guard:
+    """A single-use async iterator and async context manager over one guarded stream."""
+
+    __slots__ = (
+        "_awaiting",
+        "_cancelling_before",
+        "_closer",
+        "_context",
+        "_finished",
+        "_flush_timeout",
+        "_grace",
+        "_n",
+        "_next",
+        "_options",
+        "_phase",
+        "_rec",
+        "_signal",
+        "_slow",
+        "_snapshot",
+        "_strict",
+        "_stuck_handled",
+        "_stuck_sent",
+        "_task",
+        "_terminal_seen",
+        "_used",
+        "_watchdog",
+        "inner_closed",
+        "lifecycle",
+    )
+
+    def __init__(
+        self,
+        stream: AsyncIterable[Any],
+        cancellation_signal: CancellationSignal,
+        *,
+        context: Any = None,
+        sink: Sink | None = None,
+        on_cancel: Literal["omit", "emit"] = "omit",
+        cancel_grace: float | None = 10.0,
+        keep_shutdown_completion: bool = False,
+        strict: bool = False,
+        recoverable: bool | None = None,
+        info: ResponseInfo | None = None,
+        flush_timeout: float = 5.0,
+    ) -> None:
+        aiter_ = getattr(stream, "__aiter__", None)
+        if aiter_ is None:
+            raise NotAsyncIterable(f"guard() needs an async iterable, got {type(stream).__name__}")
+        if not callable(getattr(cancellation_signal, "is_set", None)):
+            raise TypeError("cancellation_signal must have an is_set() method (an asyncio.Event, say)")
+        if on_cancel not in ("omit", "emit"):
+            raise ValueError(f"on_cancel must be 'omit' or 'emit', not {on_cancel!r}")
+        if cancel_grace is not None and cancel_grace < 0:
+            raise ValueError("cancel_grace must be None or >= 0")
+        iterator: AsyncIterator[Any] = aiter_()
+        self._next: Callable[[], Awaitable[Any]] = iterator.__anext__
+        self._closer = _closer_for(stream, iterator)
+        self._signal = cancellation_signal
+        self._context = context
+        info = info if info is not None else info_from_context(context)
+        if recoverable is None:
+            recoverable = bool(info.background and info.store)
+        self._options = Options(
+            on_cancel=on_cancel, keep_shutdown_completion=keep_shutdown_completion, recoverable=recoverable
+        )
+        self._grace = cancel_grace
+        self._strict = strict
+        self._flush_timeout = flush_timeout
+        #: The live lifecycle model of this response.
+        self.lifecycle = Lifecycle.for_recovery(info) if info.is_recovery else Lifecycle(info=info)
+        self._rec: Recorder | None = sink.recorder(self.lifecycle) if sink is not None else None
+        self._phase = _FRESH
+        self._used = False
+        self._n = 0
+        self._awaiting = False
+        self._slow = False
+        self._terminal_seen = False
+        self._finished = False
+        self._snapshot: dict[str, Any] | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._stuck_sent = False
+        self._stuck_handled = False
+        self._cancelling_before = 0
+        #: How many times the guard closed the inner stream (0 or 1); public for tests and audits.
+        self.inner_closed = 0
+
+    # -- the async context manager and iterator protocols --------------------------------------
+
+    async def __aenter__(self) -> Guard:
+        if self._used:
+            raise GuardAlreadyUsed("a guard is single-use; build a new one for each stream")
+        self._used = True
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> Guard:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._phase is not _RUNNING:
+            self._step_outside_run()
+        if self._grace is not None:
+            self._task = asyncio.current_task()
+        next_ = self._next
+        rec = self._rec
+        while True:
+            self._awaiting = True
+            try:
+                event = await next_()
+            except StopAsyncIteration:
+                self._awaiting = False
+                return await self._on_inner_end()
+            except asyncio.CancelledError:
+                self._awaiting = False
+                return await self._on_cancelled()
+            except Exception as exc:
+                self._awaiting = False
+                await self._on_raised(exc, Ending.RAISED)
+                raise
+            except BaseException as exc:
+                self._awaiting = False
+                await self._on_raised(exc, Ending.RAISED_BASE)
+                raise
+            self._awaiting = False
+            etype = event.get("type") if type(event) is dict else getattr(event, "type", None)
+            try:
+                special = etype in _SPECIAL
+            except TypeError:  # an unhashable "type" value: bad input, handled on the slow path
+                special = True
+            if special or self._slow:
+                try:
+                    out = self._slow_event(event)
+                except EventGuardError:
+                    await self._finish()
+                    raise
+                if out is _DROP:
+                    continue
+                return out
+            n = self._n
+            self._n = n + 1
+            if rec is not None:
+                rec.event(n, etype, event)
+            return event
+
+    async def aclose(self) -> None:
+        """End the guard: close the inner stream once, record the ending, flush. Again: a no-op."""
+        self._used = True
+        if self._finished:
+            return
+        if not self.lifecycle.ended:
+            self._apply(decide(Ending.CLOSED_EARLY, self._flags(), self._options))
+        await self._finish()
+
+    # -- lifecycle of the guard itself ----------------------------------------------------------
+
+    def _step_outside_run(self) -> None:
+        if self._phase is _DONE:
+            raise StopAsyncIteration
+        self._phase = _RUNNING
+        self._used = True
+        if self._grace is not None:
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch(self._grace))
+
+    async def _finish(self, *, close_inner: bool = True) -> None:
+        """Idempotent end: stop the watchdog, close the inner stream, then flush the recorder."""
+        if self._finished:
+            return
+        self._finished = True
+        self._slow = True
+        self._phase = _DONE
+        self.lifecycle.events_forwarded = self._n
+        watchdog = self._watchdog
+        if watchdog is not None and watchdog is not asyncio.current_task():
+            watchdog.cancel()
+        try:
+            if close_inner:
+                await self._close_inner()
+        finally:
+            await self._flush()
+
+    async def _close_inner(self) -> None:
+        if self.inner_closed:
+            return
+        self.inner_closed += 1
+        if self._closer is not None:
+            await self._closer()
+
+    def _close_inner_in_background(self) -> None:
+        # The inner stream ignored the signal: closing it could block as long as it likes, so the
+        # guard ends its own stream now and leaves the close to run on its own.
+        if self.inner_closed:
+            return
+        _spawn(self._close_inner_quietly())
+
+    async def _close_inner_quietly(self) -> None:
+        try:
+            await self._close_inner()
+        except Exception:
+            log.warning("closing a stuck inner stream raised", exc_info=True)
+
+    async def _flush(self) -> None:
+        rec = self._rec
+        if rec is None:
+            return
+        # Shielded: the terminal write survives the cancellation of the task running the guard.
+        # Bounded: a database that hangs cannot hang the host; the write goes on in the background.
+        closing = _spawn(rec.close())
+        try:
+            await asyncio.wait_for(asyncio.shield(closing), self._flush_timeout)
+        except TimeoutError:
+            log.warning(
+                "eventguard: final flush of %s still running after %.1fs; continuing in the background",
+                self.lifecycle.info.response_id,
+                self._flush_timeout,
+            )
+
+    # -- endings ---------------------------------------------------------------------------------
+
+    async def _on_inner_end(self) -> Any:
+        out: Any = _DROP
+        if not self._terminal_seen and not self.lifecycle.terminal:
+            out = self._end_with(decide(Ending.NO_TERMINAL, self._flags(), self._options))
+        await self._finish()
+        if out is _DROP:
+            raise StopAsyncIteration
+        return out
+
+    async def _on_cancelled(self) -> Any:
+        task = asyncio.current_task()
+        if self._stuck_sent and not self._stuck_handled and task is not None:
+            self._stuck_handled = True
+            # Undo our own cancel only; if someone else cancelled too, theirs stands and propagates.
+            if task.uncancel() <= self._cancelling_before:
+                return await self._end_stuck()
+        flags = self._flags()
+        if not self.lifecycle.ended:
+            self._apply(decide(Ending.RAISED_CANCELLED, flags, self._options))
+        await self._finish()
+        raise asyncio.CancelledError
+
+    async def _end_stuck(self) -> Any:
+        self.lifecycle.note(AnomalyKind.STUCK, _STUCK_MESSAGE, event_index=self._n)
+        out: Any = _DROP
+        if not self._terminal_seen and not self.lifecycle.terminal:
+            out = self._end_with(decide(Ending.STUCK, self._flags(), self._options))
+        self._close_inner_in_background()
+        await self._finish(close_inner=False)
+        if out is _DROP:
+            raise StopAsyncIteration
+        return out
+
+    async def _on_raised(self, exc: BaseException, ending: Ending) -> None:
+        if not self.lifecycle.ended or self.lifecycle.state is State.INTERRUPTED:
+            decision = decide(ending, self._flags(), self._options)
+            self.lifecycle.error = ErrorInfo(
+                code=None, message=_short(str(exc)), exception_type=_qualname(type(exc))
+            )
+            self._apply(decision)
+        await self._finish()
+
+    def _end_with(self, decision: Decision) -> Any:
+        """Apply a decision reached without a terminal from the inner stream; what to forward."""
+        self._apply(decision)
+        if decision.forward is Forward.FAILED_MISSING_TERMINAL:
+            return self._synthesise("failed", decision.cause.value, decision.reason)
+        if decision.forward is Forward.CANCELLED:
+            return self._synthesise("cancelled", None, None)
+        if decision.cause.value == "missing_terminal":
+            self.lifecycle.note(AnomalyKind.MISSING_TERMINAL, decision.reason, event_index=self._n)
+        return _DROP
+
+    def _apply(self, decision: Decision) -> None:
+        """Move the lifecycle to the decided ending, or explain why it could not."""
+        lc = self.lifecycle
+        lc.events_forwarded = self._n
+        if decision.steering_cut_short:
+            lc.steering_cut_short = True
+        if decision.unverified:
+            lc.unverified = True
+            lc.note(AnomalyKind.UNVERIFIED_COMPLETION, decision.reason, event_index=self._n)
+        if lc.state is not decision.state:
+            try:
+                lc.transition(decision.state, cause=decision.cause, reason=decision.reason)
+            except IllegalTransition as exc:
+                lc.note(AnomalyKind.ILLEGAL_TRANSITION, str(exc), event_index=self._n)
+                if not lc.ended:
+                    # Never leave a stream that is over looking as if it were still running.
+                    lc.transition(State.FAILED, cause=decision.cause, reason=f"refused: {exc.reason}")
+        if self._rec is not None:
+            self._rec.changed()
+
+    # -- the slow path: lifecycle events, terminals, bad input ---------------------------------
+
+    def _slow_event(self, event: Any) -> Any:
+        etype = event_type_of(event)
+        if self._stuck_sent and not self._stuck_handled:
+            return self._stuck_cancel_swallowed(event, etype)
+        if self._terminal_seen:
+            duplicate = isinstance(etype, str) and etype in TERMINAL_TYPES
+            kind = AnomalyKind.DUPLICATE_TERMINAL if duplicate else AnomalyKind.EVENT_AFTER_TERMINAL
+            self._anomaly(kind, f"{etype!r} after the terminal was not forwarded", etype, event)
+            return _DROP
+        if not isinstance(etype, str) or not etype:
+            return self._untyped_event(event, etype)
+        kind_ = LIFECYCLE_KINDS.get(etype)
+        if kind_ is Kind.TERMINAL:
+            return self._on_terminal(event, etype)
+        if kind_ is not None:
+            self._on_lifecycle_event(event, etype, kind_)
+        return self._forward(event, etype)
+
+    def _forward(self, event: Any, etype: str | None) -> Any:
+        n = self._n
+        self._n = n + 1
+        if self._rec is not None:
+            self._rec.event(n, etype, event)
+        return event
+
+    def _untyped_event(self, event: Any, etype: object) -> Any:
+        if isinstance(event, Mapping):
+            reason = "event has no 'type'" if etype is None or etype == "" else f"event 'type' is {etype!r}"
+            self._anomaly(
+                AnomalyKind.MISSING_TYPE,
+                f"{reason}; not forwarded: the host cannot accept it",
+                None,
+                event,
+                strict=True,
+            )
+            return _DROP
+        if isinstance(event, _PRIMITIVES):
+            self._anomaly(
+                AnomalyKind.NOT_A_MAPPING,
+                f"event is a {type(event).__name__}, not a mapping; not forwarded: the host cannot accept it",
+                None,
+                event,
+                strict=True,
+            )
+            return _DROP
+        # An object the guard does not know (a ResponseCheckpointEvent, say): the host's business.
+        return self._forward(event, None)
+
+    def _stuck_cancel_swallowed(self, event: Any, etype: object) -> Any:
+        # The inner stream swallowed the cancel we sent it after cancel_grace: take it back and end.
+        self._stuck_handled = True
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        self.lifecycle.note(
+            AnomalyKind.STUCK,
+            f"{_STUCK_MESSAGE}; it swallowed the cancel and produced {etype!r}, not forwarded",
+            event_type=etype if isinstance(etype, str) else None,
+            event_index=self._n,
+            payload=event,
+        )
+        self._terminal_seen = True
+        out = _DROP
+        if not self.lifecycle.terminal:
+            out = self._end_with(decide(Ending.STUCK, self._flags(), self._options))
+        self._close_inner_in_background()
+        _spawn(self._finish(close_inner=False))
+        return out
+
+    def _on_lifecycle_event(self, event: Any, etype: str, kind: Kind) -> None:
+        lc = self.lifecycle
+        try:
+            parsed = parse_lifecycle_event(event)
+        except LifecycleEventError as exc:
+            self._anomaly(AnomalyKind.INVALID_LIFECYCLE_EVENT, f"{etype}: {exc}", etype, event, strict=True)
+            return
+        snapshot = parsed.response
+        if lc.info.response_id is None and snapshot.id:
+            lc.info.response_id = snapshot.id
+        self._snapshot = snapshot.model_dump(mode="json", exclude_none=True)
+        if kind is Kind.CREATED:
+            target = State.QUEUED if snapshot.status == "queued" else State.IN_PROGRESS
+        elif kind is Kind.QUEUED:
+            target = State.QUEUED
+        else:
+            target = State.IN_PROGRESS
+        if lc.state is target:
+            return
+        if target is State.QUEUED and lc.state is State.IN_PROGRESS:
+            self._anomaly(AnomalyKind.OUT_OF_ORDER, f"{etype} after response.in_progress", etype, None)
+            return
+        try:
+            lc.transition(target, reason=etype)
+        except IllegalTransition as exc:
+            self._anomaly(AnomalyKind.ILLEGAL_TRANSITION, str(exc), etype, None, strict=True)
+            return
+        if self._rec is not None:
+            self._rec.changed()
+
+    def _on_terminal(self, event: Any, etype: str) -> Any:
+        lc = self.lifecycle
+        flags = self._flags()  # at this moment, not later: see the README
+        self._terminal_seen = True
+        self._slow = True
+        try:
+            parsed = parse_lifecycle_event(event)
+        except LifecycleEventError as exc:
+            self._anomaly(AnomalyKind.INVALID_LIFECYCLE_EVENT, f"{etype}: {exc}", etype, event)
+            ending = {"response.completed": Ending.COMPLETED, "response.incomplete": Ending.INCOMPLETE}.get(
+                etype, Ending.FAILED
+            )
+        else:
+            assert isinstance(parsed, ResponseCompleted | ResponseIncomplete | ResponseFailed)
+            claim = read_terminal(parsed)
+            if claim.mismatch:
+                self._anomaly(
+                    AnomalyKind.STATUS_MISMATCH, claim.mismatch + "; the event type wins", etype, None
+                )
+            if claim.usage is not None:
+                lc.usage = claim.usage
+            if claim.error is not None:
+                lc.error = claim.error
+            ending = Ending(claim.state.value)
+            snap = parsed.response.model_dump(mode="json", exclude_none=True)
+            self._snapshot = snap
+        decision = decide(ending, flags, self._options)
+        if ending is Ending.CANCELLED and not flags.client_cancelled:
+            self._anomaly(
+                AnomalyKind.CANCEL_WITHOUT_CLIENT_CANCEL,
+                "the inner stream reported a cancel the host did not ask for",
+                etype,
+                None,
+            )
+        self._apply(decision)
+        forward = decision.forward
+        if forward is Forward.PASS:
+            return self._forward(event, etype)
+        if forward is Forward.NOTHING:
+            self._anomaly(AnomalyKind.TERMINAL_WITHHELD, f"{etype} withheld: {decision.reason}", etype, event)
+            return _DROP
+        self._anomaly(AnomalyKind.TERMINAL_REPLACED, f"{etype} replaced: {decision.reason}", etype, event)
+        if forward is Forward.CANCELLED:
+            return self._forward(self._synthesise("cancelled", None, None), "response.failed")
+        return self._forward(
+            self._synthesise("failed", "server_shutdown", decision.reason), "response.failed"
+        )
+
+    def _synthesise(self, status: str, code: str | None, message: str | None) -> Any:
+        """A ``response.failed`` terminal built on the last response snapshot; _DROP if none exists."""
+        if self._snapshot is None:
+            # Without a created event the host would refuse any terminal: forward nothing, say so.
+            self.lifecycle.note(
+                AnomalyKind.MISSING_TERMINAL,
+                f"no response.{status} forwarded: the stream never produced response.created",
+                event_index=self._n,
+            )
+            return _DROP
+        response = dict(self._snapshot)
+        response["status"] = status
+        if code is None:
+            response.pop("error", None)
+        else:
+            response["error"] = {"code": code, "message": message or code}
+        self._terminal_seen = True
+        self._slow = True
+        return {"type": "response.failed", "response": response}
+
+    def _anomaly(
+        self,
+        kind: AnomalyKind,
+        reason: str,
+        etype: object,
+        event: Any,
+        *,
+        strict: bool = False,
+    ) -> None:
+        self.lifecycle.note(
+            kind,
+            reason,
+            event_type=etype if isinstance(etype, str) else None,
+            event_index=self._n,
+            payload=event,
+        )
+        if self._rec is not None:
+            self._rec.changed()
+        if strict and self._strict:
+            raise InvalidEvent(reason)
+
+    # -- causes and the watchdog ---------------------------------------------------------------
+
+    def _flags(self) -> Flags:
+        signal = bool(self._signal.is_set())
+        ctx = self._context
+        if ctx is None:
+            # Without a context a set signal counts as a client cancel: never record a false success.
+            return Flags(signal=signal, client_cancelled=signal)
+        return Flags(
+            signal=signal,
+            client_cancelled=bool(getattr(ctx, "client_cancelled", False)),
+            shutdown=_is_set(getattr(ctx, "shutdown", None)),
+            steered_turn=bool(getattr(ctx, "is_steered_turn", False)),
+        )
+
+    async def _watch(self, grace: float) -> None:
+        """Once a cause is signalled, give the stream ``grace`` seconds, then stop waiting for it."""
+        await self._wait_for_cause()
+        await asyncio.sleep(grace)
+        if self._finished:
+            return
+        if self._awaiting:
+            task = self._task
+            if task is None or task.done():
+                return
+            # Stuck in the inner stream's await: cancel just that await, as asyncio.timeout does,
+            # and take the cancel back when it reaches the guard (see _on_cancelled).
+            self._cancelling_before = task.cancelling()
+            self._stuck_sent = True
+            self._slow = True
+            task.cancel(msg=_STUCK_MESSAGE)
+            return
+        flags = self._flags()
+        if not self.lifecycle.ended and (flags.client_cancelled or flags.shutdown):
+            # The host stopped iterating and may never resume or close us: record the ending now.
+            self.lifecycle.note(
+                AnomalyKind.ABANDONED,
+                f"the host stopped iterating for {grace}s after the signal; ending recorded without it",
+                event_index=self._n,
+            )
+            self._apply(decide(Ending.ABANDONED, flags, self._options))
+
+    async def _wait_for_cause(self) -> None:
+        signal = self._signal
+        shutdown = getattr(self._context, "shutdown", None) if self._context is not None else None
+        if isinstance(signal, asyncio.Event) and (shutdown is None or isinstance(shutdown, asyncio.Event)):
+            if shutdown is None:
+                await signal.wait()
+                return
+            waits = [asyncio.ensure_future(signal.wait()), asyncio.ensure_future(shutdown.wait())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            return
+        # A signal we cannot wait on: poll it, gently.
+        while not (signal.is_set() or _is_set(shutdown)):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+
+def info_from_context(context: Any) -> ResponseInfo:
+    """What a host ``ResponseContext`` (or anything shaped like it) says about the response."""
+    if context is None:
+        return ResponseInfo()
+    mode = getattr(context, "mode_flags", None)
+    platform = getattr(context, "platform_context", None)
+    try:
+        chain_id = getattr(context, "conversation_chain_id", None)
+    except Exception:  # a property that cannot resolve is not worth failing a response over
+        chain_id = None
+    return ResponseInfo(
+        response_id=_opt_str(getattr(context, "response_id", None)),
+        conversation_id=_opt_str(getattr(context, "conversation_id", None)),
+        chain_id=_opt_str(chain_id),
+        partition_key=_opt_str(getattr(platform, "user_id_key", None)),
+        background=_opt_bool(getattr(mode, "background", None)),
+        stream=_opt_bool(getattr(mode, "stream", None)),
+        store=_opt_bool(getattr(mode, "store", None)),
+        is_recovery=bool(getattr(context, "is_recovery", False)),
+        is_steered_turn=bool(getattr(context, "is_steered_turn", False)),
+    )
+
+
+def _closer_for(stream: object, iterator: object) -> Callable[[], Awaitable[Any]] | None:
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is None and stream is not iterator:
+        aclose = getattr(stream, "aclose", None)
+    if aclose is None and stream is not iterator:
+        # The openai SDK's AsyncStream closes its HTTP response with close().
+        close = getattr(stream, "close", None)
+        if close is not None and asyncio.iscoroutinefunction(close):
+            aclose = close
+    return aclose if callable(aclose) else None
+
+
+def _spawn(aw: Awaitable[Any]) -> asyncio.Future[Any]:
+    fut = asyncio.ensure_future(aw)
+    _BACKGROUND.add(fut)
+    fut.add_done_callback(_BACKGROUND.discard)
+    return fut
+
+
+def _is_set(flag: object) -> bool:
+    is_set = getattr(flag, "is_set", None)
+    if callable(is_set):
+        return bool(is_set())
+    return bool(flag)
+
+
+def _opt_str(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _opt_bool(value: object) -> bool | None:
+    return None if value is None else bool(value)
+
+
+def _qualname(cls: type[BaseException]) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _short(text: str, limit: int = 500) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
