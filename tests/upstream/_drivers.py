@@ -126,18 +126,36 @@ class Recording:
         return self.runs[self.order[-1]]
 
 
-def tapped_server_class(recording: Recording, *, guarded: bool, **guard_options: Any) -> type[Any]:
+async def drop_terminals(stream: Any) -> AsyncIterator[Any]:
+    """An inner stream that ends without a terminal (and with no flag set)."""
+    async with aclosing(stream):
+        async for event in stream:
+            if not (isinstance(event, dict) and event.get("type") in TERMINAL_TYPES):
+                yield event
+
+
+def tapped_server_class(
+    recording: Recording,
+    *,
+    guarded: bool,
+    inner_transform: Callable[[Any], Any] | None = None,
+    base: type[Any] = ResponsesHostServer,
+    **guard_options: Any,
+) -> type[Any]:
     """A ``ResponsesHostServer`` subclass that records what its ``_handle_response`` wrapper saw.
 
     ``guarded=False``: the raw tap (what the unguarded handler yields is what the host gets).
     ``guarded=True``: the explicit ``guard(...)`` form of issue 2, with the Guard captured.
+    ``inner_transform`` rewrites the upstream handler's stream before the tap (fault injection).
     """
 
-    class Tapped(ResponsesHostServer):  # type: ignore[misc]
+    class Tapped(base):  # type: ignore[misc, valid-type]
         async def _handle_response(self, request: Any, context: Any, cancellation_signal: Any) -> Any:
             run = recording.new(context.response_id)
             run.context = context
             unguarded = super()._handle_response(request, context, cancellation_signal)
+            if inner_transform is not None:
+                unguarded = inner_transform(unguarded)
             inner = _tap(unguarded, run, cancellation_signal, context)
             try:
                 if guarded:
