@@ -1,0 +1,40 @@
+"""How much history a sink keeps: decided per event on the hot path, before any serialisation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, TypeAlias
+
+from eventguard.events import LIFECYCLE_KINDS
+
+#: "all": every forwarded event (the default, for audit). "finished": lifecycle events plus
+#: finished output items, so deltas go but the final text stays. "lifecycle": lifecycle only.
+EventMode: TypeAlias = Literal["all", "finished", "lifecycle"]
+#: A user refinement: ``(event_type, event) -> keep?``. It runs on the hot path: keep it cheap.
+EventPredicate: TypeAlias = Callable[[str | None, object], bool]
+
+LIFECYCLE_TYPES: frozenset[str] = frozenset(LIFECYCLE_KINDS)
+FINISHED_TYPES: frozenset[str] = LIFECYCLE_TYPES | {"response.output_item.done"}
+
+
+class EventFilter:
+    """Decides which forwarded events are stored. The response row and transitions always are."""
+
+    __slots__ = ("_allowed", "mode", "predicate")
+
+    def __init__(self, mode: EventMode = "all", predicate: EventPredicate | None = None) -> None:
+        if mode not in ("all", "finished", "lifecycle"):
+            raise ValueError(f"events= must be 'all', 'finished' or 'lifecycle', not {mode!r}")
+        self.mode: EventMode = mode
+        self.predicate = predicate
+        self._allowed: frozenset[str] | None = {
+            "all": None,
+            "finished": FINISHED_TYPES,
+            "lifecycle": LIFECYCLE_TYPES,
+        }[mode]
+
+    def keep(self, event_type: str | None, event: object) -> bool:
+        allowed = self._allowed
+        if allowed is not None and event_type not in allowed:
+            return False
+        return self.predicate is None or bool(self.predicate(event_type, event))

@@ -1,0 +1,248 @@
+"""One guarded stream's recorder: a reference buffer on the hot path, rows off it.
+
+``event`` and ``changed`` only append and flag; the sink's writer task calls :meth:`collect`,
+which reads the lifecycle and serialises in one synchronous step, so the snapshot it takes is
+consistent (the guard runs in the same event loop and cannot interleave).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from eventguard.lifecycle import Lifecycle
+from eventguard.sink.batch import Batch
+from eventguard.sink.serialise import encode
+from eventguard.sink.tables import TERMINAL
+
+if TYPE_CHECKING:
+    from eventguard.sink.sink import SqlSink
+    from eventguard.sink.writer import Refusal
+
+
+class SqlRecorder:
+    """The :class:`eventguard.recording.Recorder` an :class:`SqlSink` hands to each guard."""
+
+    __slots__ = (
+        "_anomalies_taken",
+        "_done",
+        "_keep",
+        "_last_status",
+        "_response_id",
+        "_sink",
+        "_sink_idx",
+        "_transitions_taken",
+        "closing",
+        "dirty",
+        "inflight",
+        "lifecycle",
+        "pending",
+        "queued",
+        "refusal",
+    )
+
+    def __init__(self, sink: SqlSink, lifecycle: Lifecycle) -> None:
+        self._sink = sink
+        self.lifecycle = lifecycle
+        self._keep = sink.filter.keep
+        #: (attempt, index, type, event) references, not yet serialised.
+        self.pending: list[tuple[int, int, str | None, object]] = []
+        #: Batches handed to the writer and not yet known to be stored or spooled.
+        self.inflight: list[Batch] = []
+        self._transitions_taken = 0
+        self._anomalies_taken = 0
+        self._sink_idx = 0
+        self._last_status: str | None = None
+        self._response_id: str | None = None
+        #: Whether the sink already lists this recorder as having work (avoids a set per event).
+        self.queued = False
+        self._done: asyncio.Future[None] | None = None
+        self.dirty = True  # the row itself is not written yet
+        self.closing = False
+        #: Set when the database refused this stream's status (another writer holds a terminal).
+        self.refusal: Refusal | None = None
+
+    # -- the Recorder protocol ------------------------------------------------------------
+    def event(self, index: int, event_type: str | None, event: object) -> None:
+        if not self._keep(event_type, event):
+            return
+        self.pending.append((self.lifecycle.attempt, index, event_type, event))
+        self._sink._note_event(self)
+
+    def changed(self) -> None:
+        self.dirty = True
+        self._sink._note_change(self)
+
+    async def close(self) -> None:
+        if self._done is None:
+            self.closing = True
+            self._done = asyncio.get_running_loop().create_future()
+            self._sink._note_close(self)
+        if self._done.done():
+            return
+        try:
+            async with asyncio.timeout(self._sink.close_timeout):
+                await asyncio.shield(self._done)
+        except TimeoutError:
+            # The writer is stuck on the database: keep the data locally instead of waiting.
+            self._sink._spool_now(self, "the final flush timed out")
+        except asyncio.CancelledError:
+            self._sink._spool_now(self, "the final flush was cancelled")
+            raise
+
+    # -- writer side -------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        lc = self.lifecycle
+        return bool(
+            self.pending
+            or self.dirty
+            or len(lc.transitions) > self._transitions_taken
+            or len(lc.anomalies) > self._anomalies_taken
+        )
+
+    def finished(self) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    def response_id(self) -> str | None:
+        if self._response_id is None:
+            rid = self.lifecycle.info.response_id
+            if rid is None and self.closing:
+                # The stream ended before the host named it: the row is still kept, under an
+                # id nobody else can have.
+                rid = f"eventguard-unidentified-{uuid.uuid4().hex}"
+            self._response_id = rid
+        return self._response_id
+
+    def collect(self) -> Batch | None:
+        """Everything not yet taken, as one batch; None while the response has no id."""
+        rid = self.response_id()
+        if rid is None or not self.has_work():
+            return None
+        sink = self._sink
+        lc = self.lifecycle
+        now = datetime.now(UTC)
+        batch = Batch(response_id=rid, attempt=lc.attempt, owner=sink.owner, row={}, terminal=False)
+
+        pending, self.pending = self.pending, []
+        for attempt, seq, etype, ev in pending:
+            enc = encode(ev, etype, max_bytes=sink.max_payload_bytes, redact=sink.redact)
+            batch.events.append(
+                {
+                    "response_id": rid,
+                    "attempt": attempt,
+                    "seq": seq,
+                    "type": etype,
+                    "payload": enc.text,
+                    "recorded_at": now,
+                }
+            )
+            for kind, reason in enc.problems:
+                batch.anomalies.append(self._sink_anomaly(rid, attempt, kind.value, reason, now, etype, seq))
+
+        for t in lc.transitions[self._transitions_taken :]:
+            batch.transitions.append(
+                {
+                    "response_id": rid,
+                    "attempt": t.attempt,
+                    "idx": t.index,
+                    "from_state": t.from_state.value,
+                    "to_state": t.to_state.value,
+                    "cause": t.cause.value if t.cause else None,
+                    "reason": t.reason,
+                    "at": t.at,
+                }
+            )
+        self._transitions_taken = len(lc.transitions)
+
+        for a in lc.anomalies[self._anomalies_taken :]:
+            payload = (
+                None
+                if a.payload is None
+                else encode(a.payload, a.event_type, max_bytes=sink.max_payload_bytes).text
+            )
+            batch.anomalies.append(
+                {
+                    "response_id": rid,
+                    "attempt": a.attempt,
+                    "source": "guard",
+                    "idx": a.index,
+                    "kind": a.kind.value,
+                    "reason": a.reason,
+                    "at": a.at,
+                    "event_type": a.event_type,
+                    "event_index": a.event_index,
+                    "payload": payload,
+                }
+            )
+        self._anomalies_taken = len(lc.anomalies)
+
+        batch.row = self._row(now)
+        batch.terminal = batch.row["status"] in TERMINAL
+        if batch.row["status"] != self._last_status:
+            batch.refusal_idx = self._next_sink_idx()
+            self._last_status = batch.row["status"]
+        self.dirty = False
+        return batch
+
+    def _next_sink_idx(self) -> int:
+        self._sink_idx += 1
+        return self._sink_idx - 1
+
+    def _sink_anomaly(
+        self, rid: str, attempt: int, kind: str, reason: str, at: datetime, etype: str | None, seq: int | None
+    ) -> dict[str, Any]:
+        return {
+            "response_id": rid,
+            "attempt": attempt,
+            "source": "sink",
+            "idx": self._next_sink_idx(),
+            "kind": kind,
+            "reason": reason,
+            "at": at,
+            "event_type": etype,
+            "event_index": seq,
+            "payload": None,
+        }
+
+    def _row(self, now: datetime) -> dict[str, Any]:
+        lc = self.lifecycle
+        info = lc.info
+        usage = lc.usage
+        error = lc.error
+        status = lc.state.value
+        finished = lc.finished_at
+        if finished is None and status in TERMINAL:
+            finished = now  # the constraint wants an end time with every terminal
+        return {
+            "status": status,
+            "cause": lc.cause.value if lc.cause else None,
+            "attempt": lc.attempt,
+            "state_seq": len(lc.transitions),
+            "created_at": lc.created_at,
+            "started_at": lc.started_at,
+            "finished_at": finished,
+            "duration_ms": lc.duration_ms,
+            "input_tokens": usage.input_tokens if usage else None,
+            "output_tokens": usage.output_tokens if usage else None,
+            "total_tokens": usage.total_tokens if usage else None,
+            "error_code": error.code if error else None,
+            "error_message": error.message if error else None,
+            "error_type": error.exception_type if error else None,
+            "conversation_id": info.conversation_id,
+            "chain_id": info.chain_id,
+            "partition_key": info.partition_key,
+            "agent_name": info.agent_name,
+            "background": info.background,
+            "stream": info.stream,
+            "store": info.store,
+            "is_recovery": info.is_recovery,
+            "is_steered_turn": info.is_steered_turn,
+            "steering_cut_short": lc.steering_cut_short,
+            "unverified": lc.unverified,
+            "event_count": lc.events_forwarded,
+            "owner": self._sink.owner,
+            "updated_at": now,
+        }

@@ -1,0 +1,186 @@
+"""The schema as SQLAlchemy Core tables: what the sink writes and the store reads.
+
+The Alembic migrations in ``migrations/versions`` create exactly this (a test compares them),
+but they spell it out themselves: a migration is frozen history and must not change when this
+module does.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+#: Table names carry a prefix so the tables can live in an application's own database.
+PREFIX = "eventguard_"
+#: Alembic's bookkeeping table, prefixed too, so it never collides with the application's.
+VERSION_TABLE = f"{PREFIX}alembic_version"
+#: The view of ended responses (one row each) for plain SQL.
+TERMINAL_VIEW = f"{PREFIX}terminal_states"
+
+# The state names as stored. They mirror eventguard.lifecycle.State (a test checks it); the
+# database constraints below are written against these strings.
+STATES = ("new", "queued", "in_progress", "completed", "incomplete", "failed", "cancelled", "interrupted")
+TERMINAL = ("completed", "incomplete", "failed", "cancelled")
+ENDED = (*TERMINAL, "interrupted")
+
+
+def sql_list(values: tuple[str, ...]) -> str:
+    """A literal IN-list for DDL (constraints, partial indexes, the view): fixed strings only."""
+    return ", ".join(f"'{v}'" for v in values)
+
+
+# Integer on SQLite so the primary key is the rowid alias (autoincrementing); BIGINT elsewhere.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+# JSONB on PostgreSQL (indexable, compact); TEXT holding JSON on SQLite.
+Payload = JSON().with_variant(JSONB(), "postgresql")
+TS = DateTime(timezone=True)
+ID = String(255)
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+responses = Table(
+    f"{PREFIX}responses",
+    metadata,
+    # The monotonic key: cursor paging in the store walks it.
+    Column("pk", BigId, primary_key=True, autoincrement=True),
+    Column("response_id", ID, nullable=False, unique=True),
+    Column("status", String(16), nullable=False),
+    Column("cause", String(32)),
+    Column("attempt", Integer, nullable=False, server_default=text("1")),
+    # How far the writing attempt's lifecycle had got (number of transitions) when this row was
+    # written: a replayed spool never moves a row back to an older state.
+    Column("state_seq", Integer, nullable=False, server_default=text("0")),
+    Column("created_at", TS),
+    Column("started_at", TS),
+    Column("finished_at", TS),
+    Column("duration_ms", Float),
+    Column("input_tokens", BigInteger),
+    Column("output_tokens", BigInteger),
+    Column("total_tokens", BigInteger),
+    Column("error_code", String(255)),
+    Column("error_message", Text),
+    Column("error_type", String(255)),
+    Column("conversation_id", ID),
+    Column("chain_id", ID),
+    Column("partition_key", ID),
+    Column("agent_name", ID),
+    Column("background", Boolean),
+    Column("stream", Boolean),
+    Column("store", Boolean),
+    Column("is_recovery", Boolean, nullable=False, server_default=text("false")),
+    Column("is_steered_turn", Boolean, nullable=False, server_default=text("false")),
+    Column("steering_cut_short", Boolean, nullable=False, server_default=text("false")),
+    Column("unverified", Boolean, nullable=False, server_default=text("false")),
+    Column("event_count", Integer, nullable=False, server_default=text("0")),
+    # Which sink instance last wrote the row, and when: `recover` finds rows nobody owns any more.
+    Column("owner", String(255)),
+    Column("updated_at", TS, nullable=False),
+    # Bumped on every update: optimistic concurrency for anyone who reads, then writes.
+    Column("version", Integer, nullable=False, server_default=text("1")),
+    CheckConstraint(f"status IN ({sql_list(STATES)})", name="status"),
+    # A terminal row has an end time: the conditional update below writes both at once.
+    CheckConstraint(
+        f"status NOT IN ({sql_list(TERMINAL)}) OR finished_at IS NOT NULL", name="terminal_finished"
+    ),
+    CheckConstraint("attempt >= 1", name="attempt"),
+    Index(None, "status", "finished_at"),
+    Index(None, "finished_at"),
+    Index(None, "created_at"),
+    Index(None, "conversation_id"),
+)
+
+
+events = Table(
+    f"{PREFIX}events",
+    metadata,
+    Column("response_id", ID, ForeignKey(responses.c.response_id, ondelete="CASCADE"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    # The guard's index of the event within the attempt: gaps mean the filter dropped events.
+    Column("seq", Integer, nullable=False),
+    Column("type", String(128)),
+    Column("payload", Payload, nullable=False),
+    Column("recorded_at", TS, nullable=False),
+    # Writing the same event twice (a retry, a spool replay) hits this key and does nothing.
+    PrimaryKeyConstraint("response_id", "attempt", "seq"),
+    Index(None, "type"),
+)
+
+transitions = Table(
+    f"{PREFIX}transitions",
+    metadata,
+    Column("response_id", ID, ForeignKey(responses.c.response_id, ondelete="CASCADE"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("idx", Integer, nullable=False),
+    Column("from_state", String(16), nullable=False),
+    Column("to_state", String(16), nullable=False),
+    Column("cause", String(32)),
+    Column("reason", Text, nullable=False),
+    Column("at", TS, nullable=False),
+    PrimaryKeyConstraint("response_id", "attempt", "idx"),
+    # The database's own guarantee: at most one terminal transition per response, whichever
+    # writer (replica, retry, recovery) tries to add a second.
+    Index(
+        "uq_eventguard_transitions_one_terminal",
+        "response_id",
+        unique=True,
+        sqlite_where=text(f"to_state IN ({sql_list(TERMINAL)})"),
+        postgresql_where=text(f"to_state IN ({sql_list(TERMINAL)})"),
+    ),
+)
+
+anomalies = Table(
+    f"{PREFIX}anomalies",
+    metadata,
+    Column("pk", BigId, primary_key=True, autoincrement=True),
+    Column("response_id", ID, ForeignKey(responses.c.response_id, ondelete="CASCADE"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    # "guard": found by the state machine; "sink": found while storing (refused terminal,
+    # truncated or unserialisable payload). Each source numbers its own anomalies.
+    Column("source", String(8), nullable=False),
+    Column("idx", Integer, nullable=False),
+    Column("kind", String(64), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("at", TS, nullable=False),
+    Column("event_type", String(128)),
+    Column("event_index", Integer),
+    Column("payload", Payload),
+    UniqueConstraint("response_id", "attempt", "source", "idx"),
+    Index(None, "kind"),
+    Index(None, "at"),
+)
+
+VIEW_SQL = f"""
+CREATE VIEW {TERMINAL_VIEW} AS
+SELECT pk, response_id, status, cause, attempt, created_at, started_at, finished_at, duration_ms,
+       input_tokens, output_tokens, total_tokens, error_code, error_message, conversation_id,
+       partition_key, agent_name, background, stream, store, is_recovery, is_steered_turn,
+       steering_cut_short, unverified, event_count
+FROM {PREFIX}responses
+WHERE status IN ({sql_list(ENDED)})
+"""

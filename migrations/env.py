@@ -1,0 +1,78 @@
+"""Alembic environment for eventguard: one file for SQLite and PostgreSQL, from code or the CLI.
+
+From code (``SqlSink.migrate``, ``eventguard db upgrade``) the caller opens an async connection
+and hands its sync facade over in ``config.attributes["connection"]`` (Alembic cookbook:
+"Programmatic API use (connection sharing) with asyncio"). From the command line::
+
+    alembic -c migrations/alembic.ini -x url=postgresql://... [-x schema=...] upgrade head
+
+falls back to ``EVENTGUARD_DATABASE_URL`` (then the default SQLite file) when no url is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from logging.config import fileConfig
+
+from alembic import context
+from sqlalchemy.engine import Connection
+
+from eventguard._db import create_engine, resolve_url
+from eventguard.sink.tables import VERSION_TABLE, metadata
+
+config = context.config
+
+if config.config_file_name is not None and config.attributes.get("configure_logging", True):
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+
+def _options(connection: Connection | None = None) -> dict[str, object]:
+    return {
+        "target_metadata": metadata,
+        "version_table": VERSION_TABLE,
+        # SQLite cannot ALTER most things: future migrations use batch mode there.
+        "render_as_batch": connection is None or connection.dialect.name == "sqlite",
+        "compare_type": True,
+    }
+
+
+def _url_argument() -> str | None:
+    x = context.get_x_argument(as_dictionary=True)
+    return x.get("url") or config.attributes.get("url") or config.get_main_option("sqlalchemy.url")
+
+
+def run_migrations_offline() -> None:
+    url = resolve_url(_url_argument())
+    context.configure(url=url, literal_binds=True, dialect_opts={"paramstyle": "named"}, **_options())
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def do_run_migrations(connection: Connection) -> None:
+    context.configure(connection=connection, **_options(connection))
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+async def run_async_migrations() -> None:
+    schema = context.get_x_argument(as_dictionary=True).get("schema")
+    engine = create_engine(resolve_url(_url_argument()), schema=schema)
+    try:
+        async with engine.begin() as connection:
+            await connection.run_sync(do_run_migrations)
+    finally:
+        await engine.dispose()
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        do_run_migrations(connection)
+    else:
+        asyncio.run(run_async_migrations())
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()
