@@ -1,0 +1,102 @@
+"""The terminal decision, row by row against the README's table."""
+
+from __future__ import annotations
+
+import pytest
+
+from eventguard import Cause, State
+from eventguard.decision import Ending, Flags, Forward, Options, decide
+
+NONE = Flags()
+STEERING = Flags(signal=True)
+SHUTDOWN = Flags(shutdown=True)
+SHUTDOWN_SIGNALLED = Flags(signal=True, shutdown=True)
+CLIENT_CANCEL = Flags(signal=True, client_cancelled=True)
+EMIT = Options(on_cancel="emit")
+KEEP = Options(keep_shutdown_completion=True)
+RECOVERABLE = Options(recoverable=True)
+
+ROWS = [
+    # (inner ending, flags then, options, forwarded, lifecycle state, cause)
+    (Ending.COMPLETED, NONE, Options(), Forward.PASS, State.COMPLETED, Cause.NORMAL),
+    (Ending.INCOMPLETE, NONE, Options(), Forward.PASS, State.INCOMPLETE, Cause.NORMAL),
+    (Ending.COMPLETED, STEERING, Options(), Forward.PASS, State.COMPLETED, Cause.STEERING),
+    (Ending.INCOMPLETE, STEERING, Options(), Forward.PASS, State.INCOMPLETE, Cause.STEERING),
+    (Ending.COMPLETED, SHUTDOWN, Options(), Forward.FAILED_SHUTDOWN, State.FAILED, Cause.SHUTDOWN),
+    (Ending.COMPLETED, SHUTDOWN_SIGNALLED, Options(), Forward.FAILED_SHUTDOWN, State.FAILED, Cause.SHUTDOWN),
+    (Ending.COMPLETED, SHUTDOWN, KEEP, Forward.PASS, State.COMPLETED, Cause.SHUTDOWN),
+    (Ending.COMPLETED, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.INCOMPLETE, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.FAILED, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.CANCELLED, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.COMPLETED, CLIENT_CANCEL, EMIT, Forward.CANCELLED, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.FAILED, NONE, Options(), Forward.PASS, State.FAILED, Cause.ERROR),
+    (Ending.FAILED, SHUTDOWN, Options(), Forward.PASS, State.FAILED, Cause.SHUTDOWN),
+    (Ending.NO_TERMINAL, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.NO_TERMINAL, SHUTDOWN, Options(), Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.NO_TERMINAL, SHUTDOWN, RECOVERABLE, Forward.NOTHING, State.INTERRUPTED, Cause.SHUTDOWN),
+    (
+        Ending.NO_TERMINAL,
+        NONE,
+        Options(),
+        Forward.FAILED_MISSING_TERMINAL,
+        State.FAILED,
+        Cause.MISSING_TERMINAL,
+    ),
+    (
+        Ending.NO_TERMINAL,
+        STEERING,
+        Options(),
+        Forward.FAILED_MISSING_TERMINAL,
+        State.FAILED,
+        Cause.MISSING_TERMINAL,
+    ),
+    (Ending.RAISED, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.RAISED, CLIENT_CANCEL, EMIT, Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.RAISED, NONE, Options(), Forward.NOTHING, State.FAILED, Cause.ERROR),
+    (Ending.RAISED_CANCELLED, NONE, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (
+        Ending.RAISED_CANCELLED,
+        CLIENT_CANCEL,
+        Options(),
+        Forward.NOTHING,
+        State.CANCELLED,
+        Cause.CLIENT_CANCEL,
+    ),
+    (Ending.RAISED_CANCELLED, SHUTDOWN, Options(), Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.RAISED_CANCELLED, SHUTDOWN, RECOVERABLE, Forward.NOTHING, State.INTERRUPTED, Cause.SHUTDOWN),
+    (Ending.RAISED_BASE, NONE, Options(), Forward.NOTHING, State.INTERRUPTED, Cause.RECOVERY),
+    (Ending.RAISED_BASE, CLIENT_CANCEL, Options(), Forward.NOTHING, State.INTERRUPTED, Cause.RECOVERY),
+    (Ending.RAISED_BASE, SHUTDOWN, Options(), Forward.NOTHING, State.INTERRUPTED, Cause.RECOVERY),
+    (Ending.ABANDONED, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.STUCK, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.STUCK, SHUTDOWN, Options(), Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.STUCK, STEERING, Options(), Forward.FAILED_MISSING_TERMINAL, State.FAILED, Cause.STUCK),
+    (Ending.CLOSED_EARLY, NONE, Options(), Forward.NOTHING, State.FAILED, Cause.CLOSED_EARLY),
+    (Ending.CLOSED_EARLY, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+]
+
+
+@pytest.mark.parametrize(("ending", "flags", "options", "forward", "state", "cause"), ROWS)
+def test_row(
+    ending: Ending, flags: Flags, options: Options, forward: Forward, state: State, cause: Cause
+) -> None:
+    d = decide(ending, flags, options)
+    assert (d.forward, d.state, d.cause) == (forward, state, cause)
+
+
+def test_steering_marks_the_turn_cut_short() -> None:
+    assert decide(Ending.COMPLETED, STEERING).steering_cut_short
+    assert not decide(Ending.COMPLETED, NONE).steering_cut_short
+
+
+def test_kept_shutdown_completion_is_flagged_unverified() -> None:
+    assert decide(Ending.COMPLETED, SHUTDOWN, KEEP).unverified
+    assert not decide(Ending.COMPLETED, NONE, KEEP).unverified
+
+
+def test_never_completed_after_a_client_cancel() -> None:
+    for ending in Ending:
+        for options in (Options(), EMIT, KEEP, RECOVERABLE):
+            for flags in (CLIENT_CANCEL, Flags(signal=True, client_cancelled=True, shutdown=True)):
+                assert decide(ending, flags, options).state is not State.COMPLETED
