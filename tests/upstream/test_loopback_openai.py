@@ -1,4 +1,4 @@
-"""The one-line integration (``eventguard.foundry``) under uvicorn on loopback, called by the ``openai`` client."""
+"""The one-line integration (``eventguard.foundry``) under uvicorn, called by the ``openai`` client."""
 
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ async def test_openai_client_disconnect_mid_stream() -> None:
         assert response_id is not None
         lifecycle = await ended(server, response_id)
         async with asyncio.timeout(STEP):
-            while (retrieved := await client.responses.retrieve(response_id)).status == "in_progress":
+            while (retrieved := await client.responses.retrieve(response_id)).status == "in_progress":  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
     assert retrieved.status == "cancelled"
     assert lifecycle.state == retrieved.status
