@@ -1,0 +1,321 @@
+"""ResponseStore: query what the sink stored, page through it, keep it tidy.
+
+Reads run in deferred transactions (WAL readers never wait for the writer). Every argument
+travels as a bound parameter; the store validates the ones it must interpret (statuses,
+limits, cursors, time zones) and raises :class:`InvalidQueryError` for the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from sqlalchemy import ColumnElement, Select, delete, func, select, update
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from eventguard import _db
+from eventguard._records import (
+    AnomalyRecord,
+    Attempt,
+    EventRecord,
+    History,
+    Page,
+    PruneResult,
+    ResponseRecord,
+    Stats,
+    TransitionRecord,
+)
+from eventguard.sink.errors import InvalidQueryError
+from eventguard.sink.tables import ENDED, STATES, anomalies, events, responses, transitions
+
+__all__ = ["ResponseStore"]
+
+MAX_LIMIT = 10_000
+RECOVER_OWNER = "eventguard-recover"
+
+
+class ResponseStore:
+    """Queries over the sink's tables. ``url`` as for :class:`eventguard.SqlSink`."""
+
+    def __init__(
+        self,
+        url: str | URL | None = None,
+        *,
+        schema: str | None = None,
+        pooler_safe: bool = False,
+        busy_timeout: float = 30.0,
+    ) -> None:
+        self.url = _db.resolve_url(url)
+        engine = _db.create_engine(
+            self.url, schema=schema, pooler_safe=pooler_safe, busy_timeout_ms=int(busy_timeout * 1000)
+        )
+        self._engine = engine
+        # Reads need no write lock on SQLite; prune/recover use the engine's BEGIN IMMEDIATE.
+        self._reader: AsyncEngine = engine.execution_options(**{_db.SQLITE_BEGIN_OPTION: "DEFERRED"})
+
+    def __repr__(self) -> str:
+        return f"ResponseStore({_db.safe_url(self.url)!r})"
+
+    async def __aenter__(self) -> ResponseStore:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._engine.dispose()
+
+    # -- reads -----------------------------------------------------------------------------------
+    async def get(self, response_id: str) -> ResponseRecord | None:
+        async with self._reader.begin() as conn:
+            row = (
+                await conn.execute(select(responses).where(responses.c.response_id == response_id))
+            ).first()
+        return None if row is None else ResponseRecord.model_validate(row)
+
+    async def terminal_states(
+        self,
+        *,
+        status: str | Iterable[str] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+        after: int | None = None,
+    ) -> Page[ResponseRecord]:
+        """Ended responses (terminal or interrupted), oldest row first, ``limit`` per page.
+
+        ``since``/``until`` bound ``finished_at`` (until is exclusive). The cursor ``after`` is the
+        row key (``pk``), monotonic in insertion order, so pages never repeat or skip a row.
+        """
+        wanted = _statuses(status, allowed=ENDED) if status is not None else ENDED
+        r = responses.c
+        query = select(responses).where(r.status.in_(wanted))
+        query = _time_window(query, r.finished_at, since, until)
+        return await self._page(query, r.pk, limit, after, ResponseRecord)
+
+    async def anomalies(
+        self,
+        *,
+        response_id: str | None = None,
+        kind: str | Iterable[str] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+        after: int | None = None,
+    ) -> Page[AnomalyRecord]:
+        a = anomalies.c
+        query = select(anomalies)
+        if response_id is not None:
+            query = query.where(a.response_id == response_id)
+        if kind is not None:
+            query = query.where(a.kind.in_([kind] if isinstance(kind, str) else list(kind)))
+        query = _time_window(query, a.at, since, until)
+        return await self._page(query, a.pk, limit, after, AnomalyRecord)
+
+    async def history(self, response_id: str) -> History | None:
+        """The response and, per attempt in order, its events, transitions and anomalies."""
+        async with self._reader.begin() as conn:
+            row = (
+                await conn.execute(select(responses).where(responses.c.response_id == response_id))
+            ).first()
+            if row is None:
+                return None
+            evs = await _rows(conn, events, response_id, events.c.attempt, events.c.seq)
+            trs = await _rows(conn, transitions, response_id, transitions.c.attempt, transitions.c.idx)
+            ans = await _rows(conn, anomalies, response_id, anomalies.c.attempt, anomalies.c.pk)
+        numbers = sorted({x.attempt for x in (*evs, *trs, *ans)} | {row.attempt})
+        attempts = [
+            Attempt(
+                attempt=n,
+                events=[EventRecord.model_validate(e) for e in evs if e.attempt == n],
+                transitions=[TransitionRecord.model_validate(t) for t in trs if t.attempt == n],
+                anomalies=[AnomalyRecord.model_validate(x) for x in ans if x.attempt == n],
+            )
+            for n in numbers
+        ]
+        return History(response=ResponseRecord.model_validate(row), attempts=attempts)
+
+    async def stats(self, *, since: datetime | None = None) -> Stats:
+        """Counts by status and cause, and duration percentiles, of responses active since ``since``."""
+        r = responses.c
+        active = func.coalesce(r.finished_at, r.updated_at)
+        where = [] if since is None else [active >= _utc(since, "since")]
+        async with self._reader.begin() as conn:
+            status_rows = await conn.execute(select(r.status, func.count()).where(*where).group_by(r.status))
+            by_status: dict[str, int] = {s: k for s, k in status_rows.all()}
+            by_cause_rows = (
+                await conn.execute(
+                    select(r.cause, func.count()).where(r.cause.is_not(None), *where).group_by(r.cause)
+                )
+            ).all()
+            durations = [r.status.in_(ENDED), r.duration_ms.is_not(None), *where]
+            n = (await conn.execute(select(func.count()).where(*durations))).scalar_one()
+            pct: dict[int, float | None] = {}
+            for p in (50, 90, 99):
+                if n == 0:
+                    pct[p] = None
+                    continue
+                # Nearest rank, with an index-friendly ORDER BY ... OFFSET on both databases.
+                rank = max(0, -(-p * n // 100) - 1)
+                pct[p] = (
+                    await conn.execute(
+                        select(r.duration_ms).where(*durations).order_by(r.duration_ms).offset(rank).limit(1)
+                    )
+                ).scalar_one()
+        return Stats(
+            since=since,
+            total=sum(by_status.values()),
+            by_status=by_status,
+            by_cause={c: k for c, k in by_cause_rows},
+            duration_ms_p50=pct[50],
+            duration_ms_p90=pct[90],
+            duration_ms_p99=pct[99],
+        )
+
+    # -- writes ----------------------------------------------------------------------------------
+    async def prune(self, *, older_than: timedelta | datetime, keep_summary: bool = True) -> PruneResult:
+        """Delete the history of responses that ended before ``older_than`` (an age or a time).
+
+        With ``keep_summary`` the response rows stay (the view and stats still count them);
+        without, they go too. Responses still in progress are never pruned.
+        """
+        cutoff = _cutoff(older_than)
+        r = responses.c
+        old = select(r.response_id).where(r.status.in_(ENDED), r.finished_at < cutoff).scalar_subquery()
+        async with self._engine.begin() as conn:
+            counts = [
+                (await conn.execute(delete(t).where(t.c.response_id.in_(old)))).rowcount
+                for t in (events, transitions, anomalies)
+            ]
+            gone = 0
+            if not keep_summary:
+                gone = (await conn.execute(delete(responses).where(r.response_id.in_(old)))).rowcount
+        return PruneResult(responses=gone, events=counts[0], transitions=counts[1], anomalies=counts[2])
+
+    async def recover(
+        self,
+        *,
+        older_than: timedelta | datetime,
+        policy: Literal["interrupted", "failed"] = "interrupted",
+        limit: int = 1000,
+    ) -> list[str]:
+        """Mark responses stuck in a non-ended state since before ``older_than`` as ``policy``.
+
+        For rows whose writer is gone (a crashed replica; a host that never resumed its handler).
+        Idempotent, and safe beside live writers: each row is taken with an optimistic version
+        check, and a live writer can still record its terminal over "interrupted". Returns the
+        ids it marked. Its transition is numbered below zero, outside the writer's own numbering.
+        """
+        if policy not in ("interrupted", "failed"):
+            raise InvalidQueryError(f"policy must be 'interrupted' or 'failed', not {policy!r}")
+        cutoff = _cutoff(older_than)
+        cause = "abandoned" if policy == "interrupted" else "recover_policy"
+        r = responses.c
+        marked: list[str] = []
+        async with self._engine.begin() as conn:
+            stuck = (
+                await conn.execute(
+                    select(r.response_id, r.status, r.attempt, r.version)
+                    .where(r.status.not_in(ENDED), r.updated_at < cutoff)
+                    .order_by(r.pk)
+                    .limit(_limit(limit))
+                )
+            ).all()
+            now = datetime.now(UTC)
+            for row in stuck:
+                taken = await conn.execute(
+                    update(responses)
+                    .where(r.response_id == row.response_id, r.version == row.version)
+                    .values(
+                        status=policy,
+                        cause=cause,
+                        finished_at=now,
+                        updated_at=now,
+                        owner=RECOVER_OWNER,
+                        version=r.version + 1,
+                    )
+                )
+                if taken.rowcount != 1:
+                    continue  # its writer moved it meanwhile: it is not stuck
+                lowest = (
+                    await conn.execute(
+                        select(func.min(transitions.c.idx)).where(
+                            transitions.c.response_id == row.response_id, transitions.c.attempt == row.attempt
+                        )
+                    )
+                ).scalar_one()
+                await conn.execute(
+                    transitions.insert().values(
+                        response_id=row.response_id,
+                        attempt=row.attempt,
+                        idx=min(lowest or 0, 0) - 1,
+                        from_state=row.status,
+                        to_state=policy,
+                        cause=cause,
+                        reason=f"no writer since before {cutoff.isoformat()}; marked by recover()",
+                        at=now,
+                    )
+                )
+                marked.append(row.response_id)
+        return marked
+
+    async def _page(
+        self, query: Select[Any], key: ColumnElement[int], limit: int, after: int | None, model: Any
+    ) -> Page[Any]:
+        size = _limit(limit)
+        if after is not None:
+            if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+                raise InvalidQueryError(f"after must be a cursor from a previous page, not {after!r}")
+            query = query.where(key > after)
+        async with self._reader.begin() as conn:
+            rows = (await conn.execute(query.order_by(key).limit(size + 1))).all()
+        items = [model.model_validate(row) for row in rows[:size]]
+        return Page(items=items, next_after=items[-1].pk if len(rows) > size else None)
+
+
+async def _rows(
+    conn: AsyncConnection, table: Any, response_id: str, *order: ColumnElement[Any]
+) -> Sequence[Any]:
+    return (
+        await conn.execute(select(table).where(table.c.response_id == response_id).order_by(*order))
+    ).all()
+
+
+def _statuses(status: str | Iterable[str], *, allowed: Sequence[str]) -> list[str]:
+    values = [status] if isinstance(status, str) else list(status)
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        known = [s for s in STATES if s in allowed]
+        raise InvalidQueryError(f"unknown status {bad[0]!r}: expected one of {', '.join(known)}")
+    return values
+
+
+def _limit(limit: int) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise InvalidQueryError(f"limit must be an integer from 1 to {MAX_LIMIT}, not {limit!r}")
+    return limit
+
+
+def _utc(value: datetime, name: str) -> datetime:
+    if not isinstance(value, datetime):
+        raise InvalidQueryError(f"{name} must be a datetime, not {type(value).__name__}")
+    # Stored times are UTC; a naive argument is taken as UTC too.
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _cutoff(older_than: timedelta | datetime) -> datetime:
+    if isinstance(older_than, timedelta):
+        return datetime.now(UTC) - older_than
+    return _utc(older_than, "older_than")
+
+
+def _time_window(
+    query: Select[Any], column: ColumnElement[Any], since: datetime | None, until: datetime | None
+) -> Select[Any]:
+    if since is not None:
+        query = query.where(column >= _utc(since, "since"))
+    if until is not None:
+        query = query.where(column < _utc(until, "until"))
+    return query
