@@ -85,6 +85,7 @@ def create_engine(
     busy_timeout_ms: int = 30_000,
     pooler_safe: bool = False,
     connect_timeout: float = 10.0,
+    application_name: str = "eventguard",
     pool_size: int = 5,
     echo: bool = False,
 ) -> AsyncEngine:
@@ -116,9 +117,11 @@ def create_engine(
         _install_sqlite_hooks(engine, busy_timeout_ms)
         return engine
 
-    connect_args: dict[str, Any] = {"timeout": connect_timeout}
+    # application_name shows who holds a connection in pg_stat_activity.
+    settings = {"application_name": application_name[:63]}
     if schema is not None:
-        connect_args["server_settings"] = {"search_path": schema}
+        settings["search_path"] = schema
+    connect_args: dict[str, Any] = {"timeout": connect_timeout, "server_settings": settings}
     if pooler_safe:
         # SQLAlchemy's asyncpg docs: no statement caches and unique statement names, because
         # a transaction-mode pooler may hand each transaction a different server connection.

@@ -148,6 +148,7 @@ class SqlSink:
                 busy_timeout_ms=int(self._busy_timeout * 1000),
                 pooler_safe=self._pooler_safe,
                 connect_timeout=self._connect_timeout,
+                application_name=f"eventguard {self.owner}",
             )
         return self._engine
 

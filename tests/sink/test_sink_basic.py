@@ -65,7 +65,9 @@ async def test_view_answers_plain_sql(sink: SqlSink, store: ResponseStore) -> No
     async with asyncio.timeout(10), sink.engine.connect() as conn:
         rows = (
             await conn.execute(
-                text("SELECT status, count(*) FROM eventguard_terminal_states GROUP BY status ORDER BY status")
+                text(
+                    "SELECT status, count(*) FROM eventguard_terminal_states GROUP BY status ORDER BY status"
+                )
             )
         ).all()
     statuses = dict(rows)  # type: ignore[arg-type]

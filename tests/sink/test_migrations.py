@@ -1,0 +1,83 @@
+"""Alembic: upgrade, downgrade, the schema check, and migrations == tables.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import Connection
+
+from eventguard import State
+from eventguard.lifecycle import ENDED_STATES, TERMINAL_STATES
+from eventguard.sink import SchemaMismatchError, SqlSink
+from eventguard.sink import migrate as mig
+from eventguard.sink.tables import ENDED, STATES, TERMINAL, VERSION_TABLE, metadata
+
+from .conftest import Target
+
+
+def test_state_strings_mirror_the_lifecycle() -> None:
+    assert set(STATES) == {s.value for s in State}
+    assert set(TERMINAL) == {s.value for s in TERMINAL_STATES}
+    assert set(ENDED) == {s.value for s in ENDED_STATES}
+
+
+def test_migrations_are_found() -> None:
+    assert (mig.migrations_dir() / "env.py").is_file()
+    assert mig.expected_heads() == ("0001",)
+
+
+async def test_upgrade_downgrade_and_check(target: Target) -> None:
+    sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool, auto_migrate=False)
+    async with asyncio.timeout(60):
+        with pytest.raises(SchemaMismatchError) as err:
+            await sink.start()
+        assert "eventguard db upgrade" in str(err.value)
+        assert err.value.command == "eventguard db upgrade"
+        await sink.migrate()
+        await mig.check(sink.engine)
+        await sink.downgrade("base")
+        assert await mig.current_revision(sink.engine) == ()
+        async with sink.engine.connect() as conn:
+            left = await conn.run_sync(lambda c: inspect(c).get_table_names())
+        assert not [t for t in left if t.startswith("eventguard_") and t != VERSION_TABLE]
+        await sink.migrate()
+        await sink.aclose()
+
+
+async def test_schema_ahead_fails_fast_with_the_command(target: Target) -> None:
+    sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
+    async with asyncio.timeout(60):
+        await sink.migrate()
+        async with sink.engine.begin() as conn:
+            await conn.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = 'ffff_future'"))
+        with pytest.raises(SchemaMismatchError) as err:
+            await sink.start()
+        assert "newer" in str(err.value)
+        await sink.aclose()
+
+
+async def test_migrations_match_the_tables(target: Target) -> None:
+    sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
+
+    def diff(conn: Connection) -> list[Any]:
+        ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE, "compare_type": True})
+        return list(compare_metadata(ctx, metadata))
+
+    async with asyncio.timeout(60):
+        await sink.migrate()
+        async with sink.engine.connect() as conn:
+            assert await conn.run_sync(diff) == []
+        await sink.aclose()
+
+
+async def test_auto_migrate_creates_an_empty_database_only(target: Target) -> None:
+    async with asyncio.timeout(60):
+        sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
+        await sink.start()  # empty database: created
+        await mig.check(sink.engine)
+        await sink.aclose()

@@ -1,0 +1,198 @@
+"""The database goes away mid-stream: the stream carries on, the spool keeps everything, replay
+restores it exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy import func, select
+
+from eventguard import guard
+from eventguard.sink import SqlSink
+from eventguard.sink.tables import events, responses
+
+from .conftest import PG_DSN, PG_URL, Target
+from .helpers import script
+
+
+async def _hooked(evs: list[Any], hooks: dict[int, Callable[[], Any]]) -> AsyncIterator[Any]:
+    for i, ev in enumerate(evs):
+        hook = hooks.get(i)
+        if hook is not None:
+            result = hook()
+            if asyncio.iscoroutine(result):
+                await result
+        await asyncio.sleep(0.001)
+        yield ev
+
+
+async def _drive(sink: SqlSink, evs: list[Any], hooks: dict[int, Callable[[], Any]]) -> list[Any]:
+    seen: list[Any] = []
+    g = guard(_hooked(evs, hooks), asyncio.Event(), sink=sink)
+    async with g:
+        async for ev in g:
+            seen.append(ev)
+    return seen
+
+
+async def _counts(sink: SqlSink, rid: str) -> tuple[int, int, str | None]:
+    async with sink.engine.connect() as conn:
+        total = (
+            await conn.execute(select(func.count()).select_from(events).where(events.c.response_id == rid))
+        ).scalar_one()
+        distinct = (
+            await conn.execute(
+                select(func.count(func.distinct(events.c.seq))).where(events.c.response_id == rid)
+            )
+        ).scalar_one()
+        status = (
+            await conn.execute(select(responses.c.status).where(responses.c.response_id == rid))
+        ).scalar()
+    return total, distinct, status
+
+
+async def test_unreachable_database_spools_and_replay_restores(
+    target: Target, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="eventguard.sink")
+    if target.kind == "sqlite":
+        blocker = tmp_path / "not-a-dir"
+        blocker.write_text("x")
+        bad_url = f"sqlite+aiosqlite:///{blocker / 'eg.db'}"
+    else:
+        bad_url = "postgresql+asyncpg://postgres:s3cret@127.0.0.1:1/test"
+    evs = script("resp_spool", n_deltas=30)
+    async with asyncio.timeout(60):
+        down = SqlSink(bad_url, schema=target.schema, spool_path=target.spool, connect_timeout=2)
+        seen = await _drive(down, evs, {})
+        assert seen == evs  # the client never noticed
+        seen2 = await _drive(down, script("resp_spool2", n_deltas=3), {})
+        assert len(seen2) == 7
+        await down.aclose()
+    assert target.spool.exists()
+    assert down.stats.batches_spooled >= 2
+    errors = [r for r in caplog.records if "cannot write" in r.getMessage()]
+    assert len(errors) == 1, "the outage is logged once"
+    assert "s3cret" not in caplog.text
+
+    up = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
+    async with asyncio.timeout(60):
+        await up.start()
+        result = await up.replay_spool()
+        assert result.events == len(evs) + 7
+        assert not target.spool.exists()
+        again = await up.replay_spool()  # nothing left: harmless
+        assert again.batches == 0
+        assert await _counts(up, "resp_spool") == (len(evs), len(evs), "completed")
+        assert await _counts(up, "resp_spool2") == (7, 7, "completed")
+        await up.aclose()
+
+
+async def test_replaying_twice_is_harmless(target: Target) -> None:
+    evs = script("resp_twice", n_deltas=10)
+    async with asyncio.timeout(60):
+        sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
+        await sink.start()
+        await _drive(sink, evs, {})
+        await sink.flush()
+        # Spool the very same batches again, as a timed-out close would, then replay them twice.
+        rec_batches = []
+        from eventguard.lifecycle import Lifecycle, ResponseInfo
+
+        lc = Lifecycle(info=ResponseInfo(response_id="resp_twice"))
+        from eventguard.sink.recorder import SqlRecorder
+
+        rec = SqlRecorder(sink, lc)
+        for i, ev in enumerate(evs):
+            rec.event(i, ev["type"], ev)
+        batch = rec.collect()
+        assert batch is not None
+        rec_batches.append(batch)
+        sink.spool.append(rec_batches)
+        sink.spool.append(rec_batches)
+        await sink.replay_spool()
+        assert await _counts(sink, "resp_twice") == (len(evs), len(evs), "completed")
+        await sink.aclose()
+
+
+async def test_sqlite_locked_past_the_timeout(sqlite_target: Target) -> None:
+    db_path = sqlite_target.url.split("///", 1)[1]
+    holder: list[sqlite3.Connection] = []
+
+    def lock() -> None:
+        conn = sqlite3.connect(db_path, isolation_level=None)
+        conn.execute("BEGIN EXCLUSIVE")
+        holder.append(conn)
+
+    def unlock() -> None:
+        holder[0].execute("COMMIT")
+        holder[0].close()
+
+    evs = script("resp_locked", n_deltas=40)
+    async with asyncio.timeout(60):
+        sink = SqlSink(
+            sqlite_target.url, spool_path=sqlite_target.spool, busy_timeout=0.2, flush_interval=0.01
+        )
+        await sink.start()
+        seen = await _drive(sink, evs, {10: lock})
+        assert seen == evs
+        unlock()
+        assert sink.stats.batches_spooled >= 1
+        assert "locked" in (sink.stats.last_error or "")
+        await sink.replay_spool()
+        assert await _counts(sink, "resp_locked") == (len(evs), len(evs), "completed")
+        await sink.aclose()
+
+
+@pytest.mark.postgres
+async def test_postgres_connection_killed_mid_stream(pg_target: Target) -> None:
+    sink = SqlSink(pg_target.url, schema=pg_target.schema, spool_path=pg_target.spool, flush_every=5)
+
+    async def kill() -> None:
+        conn = await asyncpg.connect(PG_DSN)
+        try:
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                f"eventguard {sink.owner}"[:63],
+            )
+        finally:
+            await conn.close()
+
+    evs = script("resp_killed", n_deltas=60)
+    async with asyncio.timeout(60):
+        await sink.start()
+        seen = await _drive(sink, evs, {10: kill, 25: kill, 40: kill})
+        assert seen == evs
+        await sink.flush()
+        await sink.replay_spool()
+        assert await _counts(sink, "resp_killed") == (len(evs), len(evs), "completed")
+        await sink.aclose()
+
+
+@pytest.mark.postgres
+async def test_postgres_stuck_write_spools_at_close_timeout(pg_target: Target) -> None:
+    sink = SqlSink(pg_target.url, schema=pg_target.schema, spool_path=pg_target.spool, close_timeout=0.5)
+    evs = script("resp_stuck", n_deltas=8)
+    async with asyncio.timeout(60):
+        await sink.start()
+        blocker = await asyncpg.connect(PG_DSN, server_settings={"search_path": pg_target.schema or "public"})
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("LOCK TABLE eventguard_events IN ACCESS EXCLUSIVE MODE")
+        seen = await _drive(sink, evs, {})
+        assert seen == evs
+        assert pg_target.spool.exists()  # close() gave up waiting and kept the data locally
+        await tx.rollback()
+        await blocker.close()
+        await sink.flush()
+        await sink.replay_spool()
+        assert await _counts(sink, "resp_stuck") == (len(evs), len(evs), "completed")
+        await sink.aclose()
+    assert PG_URL
