@@ -6,7 +6,7 @@ value JSON cannot hold), something is stored, and a lossy conversion says so as 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,8 @@ def _jsonable(event: object) -> tuple[object, str | None]:
     """The event as something orjson takes, and why not when it is not an event shape."""
     if isinstance(event, dict | list):
         return event, None
+    if isinstance(event, Mapping):
+        return dict(event), None
     if isinstance(event, BaseModel):
         return event.model_dump(mode="json"), None
     return _stand_in(event, "not a mapping"), f"{type(event).__qualname__} is not a mapping: stored its repr"
