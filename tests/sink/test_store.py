@@ -1,0 +1,165 @@
+"""ResponseStore: paging, stats, prune, recover, and arguments it must refuse."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+
+from eventguard.lifecycle import Lifecycle, ResponseInfo, State
+from eventguard.sink import InvalidQueryError, SqlSink
+from eventguard.sink.tables import responses
+from eventguard.store import ResponseStore
+
+from .conftest import Target
+from .helpers import run_guarded, script
+
+
+@pytest.fixture
+async def filled(target: Target) -> AsyncIterator[tuple[SqlSink, ResponseStore]]:
+    sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
+    store = ResponseStore(target.url, schema=target.schema)
+    async with asyncio.timeout(60):
+        for i in range(12):
+            final = ["completed", "failed", "incomplete"][i % 3]
+            await run_guarded(sink, script(f"r{i:02d}", n_deltas=3, final=final))
+        await sink.flush()
+    try:
+        yield sink, store
+    finally:
+        async with asyncio.timeout(30):
+            await sink.aclose()
+            await store.aclose()
+
+
+async def test_terminal_states_pages_without_gaps_or_repeats(filled: tuple[SqlSink, ResponseStore]) -> None:
+    _, store = filled
+    seen: list[str] = []
+    after = None
+    async with asyncio.timeout(30):
+        while True:
+            page = await store.terminal_states(limit=5, after=after)
+            seen += [r.response_id for r in page.items]
+            if page.next_after is None:
+                break
+            after = page.next_after
+        failed = await store.terminal_states(status="failed", limit=100)
+        two = await store.terminal_states(status=["failed", "incomplete"])
+    assert seen == [f"r{i:02d}" for i in range(12)]
+    assert [r.response_id for r in failed.items] == ["r01", "r04", "r07", "r10"]
+    assert all(r.error_code == "server_error" for r in failed.items)
+    assert len(two.items) == 8
+
+
+async def test_time_window(filled: tuple[SqlSink, ResponseStore]) -> None:
+    _, store = filled
+    now = datetime.now(UTC)
+    async with asyncio.timeout(30):
+        assert len((await store.terminal_states(since=now - timedelta(minutes=5))).items) == 12
+        assert (await store.terminal_states(since=now + timedelta(minutes=5))).items == []
+        assert (await store.terminal_states(until=now - timedelta(minutes=5))).items == []
+        # Another zone, same instant: the same answer.
+        plus2 = timezone(timedelta(hours=2))
+        assert (
+            len((await store.terminal_states(since=(now - timedelta(minutes=5)).astimezone(plus2))).items)
+            == 12
+        )
+
+
+async def test_stats(filled: tuple[SqlSink, ResponseStore]) -> None:
+    _, store = filled
+    async with asyncio.timeout(30):
+        stats = await store.stats(since=datetime.now(UTC) - timedelta(hours=1))
+        empty = await store.stats(since=datetime.now(UTC) + timedelta(hours=1))
+    assert stats.total == 12
+    assert stats.by_status == {"completed": 4, "failed": 4, "incomplete": 4}
+    assert sum(stats.by_cause.values()) == 12
+    assert stats.duration_ms_p50 is not None
+    assert stats.duration_ms_p50 <= stats.duration_ms_p90 <= stats.duration_ms_p99  # type: ignore[operator]
+    assert empty.total == 0
+    assert empty.duration_ms_p99 is None
+
+
+async def test_prune(filled: tuple[SqlSink, ResponseStore]) -> None:
+    _, store = filled
+    async with asyncio.timeout(30):
+        nothing = await store.prune(older_than=timedelta(hours=1))
+        assert nothing.events == 0
+        kept = await store.prune(older_than=datetime.now(UTC) + timedelta(seconds=1))
+        assert kept.events == 12 * 7
+        assert kept.responses == 0
+        rec = await store.get("r00")
+        hist = await store.history("r00")
+        assert rec is not None
+        assert hist is not None
+        assert hist.attempts[0].events == []
+        gone = await store.prune(older_than=datetime.now(UTC) + timedelta(seconds=1), keep_summary=False)
+        assert gone.responses == 12
+        assert await store.get("r00") is None
+
+
+async def test_recover_marks_stuck_rows_once(target: Target) -> None:
+    sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
+    store = ResponseStore(target.url, schema=target.schema)
+    async with asyncio.timeout(30):
+        await sink.start()
+        lc = Lifecycle(info=ResponseInfo(response_id="stuck"))
+        rec = sink.recorder(lc)
+        lc.transition(State.IN_PROGRESS)
+        rec.changed()
+        await sink.flush()
+        async with sink.engine.begin() as conn:
+            await conn.execute(update(responses).values(updated_at=datetime.now(UTC) - timedelta(hours=2)))
+        assert await store.recover(older_than=timedelta(hours=1)) == ["stuck"]
+        assert await store.recover(older_than=timedelta(hours=1)) == []  # idempotent
+        got = await store.get("stuck")
+        assert got is not None
+        assert got.status == "interrupted"
+        assert got.cause == "abandoned"
+        # The writer was alive after all: it can still record the real terminal, and its own
+        # transitions do not collide with the one recover() wrote.
+        lc.transition(State.COMPLETED)
+        rec.changed()
+        await rec.close()
+        await sink.aclose()
+        hist = await store.history("stuck")
+        await store.aclose()
+    assert hist is not None
+    assert hist.response.status == "completed"
+    assert [t.to_state for t in hist.attempts[0].transitions] == ["interrupted", "in_progress", "completed"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"status": "nope'; --"}, "unknown status"),
+        ({"status": ["completed", "in_progress"]}, "unknown status"),
+        ({"limit": 0}, "limit"),
+        ({"limit": 10**9}, "limit"),
+        ({"limit": "5"}, "limit"),
+        ({"after": -1}, "cursor"),
+        ({"after": "1 OR 1=1"}, "cursor"),
+        ({"since": "2020-01-01"}, "datetime"),
+    ],
+)
+async def test_bad_query_arguments_are_typed_errors(
+    filled: tuple[SqlSink, ResponseStore], kwargs: dict[str, Any], message: str
+) -> None:
+    _, store = filled
+    async with asyncio.timeout(10):
+        with pytest.raises(InvalidQueryError, match=message):
+            await store.terminal_states(**kwargs)
+
+
+async def test_metacharacters_in_query_arguments(filled: tuple[SqlSink, ResponseStore]) -> None:
+    _, store = filled
+    nasty = "x' OR '1'='1"
+    async with asyncio.timeout(10):
+        assert await store.get(nasty) is None
+        assert await store.history(nasty) is None
+        assert (await store.anomalies(response_id=nasty, kind=[nasty, "%"])).items == []
+        assert len((await store.terminal_states()).items) == 12  # nothing was dropped
