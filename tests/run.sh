@@ -19,7 +19,7 @@ for end in "${ends[@]}"; do
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "constraints/$end.txt" -e ".[test]"
   "$venv/bin/python" -m pip list 2>/dev/null | grep -iE '^(agent-framework-(core|foundry-hosting)|azure-ai-agentserver-responses) ' || true
   if [ "$end" = newest ]; then
-    "$venv/bin/ruff" check eventguard tests benchmarks
+    "$venv/bin/ruff" check .
     "$venv/bin/mypy" eventguard
   fi
   rc=0
