@@ -27,6 +27,15 @@ from eventguard.lifecycle import (
     Usage,
 )
 from eventguard.recording import Recorder, Sink
+from eventguard.sink import (
+    EventFilter,
+    InvalidQueryError,
+    Redactor,
+    SchemaMismatchError,
+    SqlSink,
+    StorageError,
+)
+from eventguard.store import ResponseStore
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
@@ -38,6 +47,7 @@ __all__ = [
     "Decision",
     "Ending",
     "ErrorInfo",
+    "EventFilter",
     "EventGuardError",
     "Flags",
     "Forward",
@@ -45,12 +55,18 @@ __all__ = [
     "GuardAlreadyUsed",
     "IllegalTransition",
     "InvalidEvent",
+    "InvalidQueryError",
     "Lifecycle",
     "NotAsyncIterable",
     "Recorder",
+    "Redactor",
     "ResponseInfo",
+    "ResponseStore",
+    "SchemaMismatchError",
     "Sink",
+    "SqlSink",
     "State",
+    "StorageError",
     "Transition",
     "Usage",
     "decide",
