@@ -33,6 +33,9 @@ def _options(connection: Connection | None = None) -> dict[str, object]:
         # SQLite cannot ALTER most things: future migrations use batch mode there.
         "render_as_batch": connection is None or connection.dialect.name == "sqlite",
         "compare_type": True,
+        # Our engines emit BEGIN themselves on SQLite (see eventguard._db), so DDL is
+        # transactional there too: a failed migration leaves nothing half done.
+        "transactional_ddl": True,
     }
 
 

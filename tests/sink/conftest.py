@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"

@@ -56,9 +56,10 @@ async def test_200_concurrent_streams(target: Target, caplog: pytest.LogCaptureF
                 )
             )
         ).scalar_one()
-        statuses = dict(
-            (await conn.execute(select(responses.c.status, func.count()).group_by(responses.c.status))).all()
-        )  # type: ignore[arg-type]
+        status_rows = await conn.execute(
+            select(responses.c.status, func.count()).group_by(responses.c.status)
+        )
+        statuses: dict[str, int] = {str(k): int(v) for k, v in status_rows.all()}
         terminals = (
             await conn.execute(
                 select(transitions.c.response_id, func.count())

@@ -70,7 +70,7 @@ async def test_view_answers_plain_sql(sink: SqlSink, store: ResponseStore) -> No
                 )
             )
         ).all()
-    statuses = dict(rows)  # type: ignore[arg-type]
+    statuses: dict[str, int] = {str(k): int(v) for k, v in rows}
     assert statuses["completed"] == 1
     assert statuses["failed"] >= 1
     assert sum(statuses.values()) == 3
