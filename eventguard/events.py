@@ -48,7 +48,8 @@ class ResponseSnapshot(BaseModel):
 
     id: str | None = None
     status: str | None = None
-    created_at: float | int | None = None
+    # An epoch number on a fresh run, a string in a recovered re-entry's persisted snapshot.
+    created_at: float | int | str | None = None
     usage: Usage | None = None
     error: dict[str, Any] | None = None
     conversation: dict[str, Any] | str | None = None

@@ -104,6 +104,7 @@ class Guard:
     """A single-use async iterator and async context manager over one guarded stream."""
 
     __slots__ = (
+        "__weakref__",
         "_awaiting",
         "_cancelling_before",
         "_closer",

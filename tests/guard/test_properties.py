@@ -307,3 +307,19 @@ async def test_recovered_reentry_is_a_new_attempt() -> None:
     assert g.lifecycle.attempt == 2
     assert g.lifecycle.transitions[0].from_state is State.INTERRUPTED
     assert g.lifecycle.state is State.COMPLETED
+
+
+async def test_recovered_snapshot_with_a_string_created_at_is_valid() -> None:
+    # The host seeds a recovered re-entry from its persisted snapshot, where created_at is a string.
+    created = {
+        "type": "response.created",
+        "response": {
+            "id": "resp_1",
+            "status": "in_progress",
+            "created_at": "2026-11-29 16:43:39.145324+00:00",
+        },
+    }
+    g = guard(Scripted([created, *stream_events(1)[1:]]), asyncio.Event())
+    await drain(g)
+    assert g.lifecycle.anomalies == []
+    assert g.lifecycle.state is State.COMPLETED
