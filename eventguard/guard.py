@@ -14,6 +14,7 @@ lifecycle events, the terminal decision, anomalies) happens only for the handful
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
@@ -672,15 +673,35 @@ def info_from_context(context: Any) -> ResponseInfo:
 
 
 def _closer_for(stream: object, iterator: object) -> Callable[[], Awaitable[Any]] | None:
+    """How to close the inner stream: its iterator, and the iterable too when that owns a resource.
+
+    The ``openai`` SDK's ``AsyncStream`` hands out a fresh async generator from ``__aiter__`` and
+    keeps the HTTP response itself, released by its own ``close()``: closing only the generator would
+    leave the connection open.
+    """
+    closers = []
     aclose = getattr(iterator, "aclose", None)
-    if aclose is None and stream is not iterator:
-        aclose = getattr(stream, "aclose", None)
-    if aclose is None and stream is not iterator:
-        # The openai SDK's AsyncStream closes its HTTP response with close().
-        close = getattr(stream, "close", None)
-        if close is not None and asyncio.iscoroutinefunction(close):
-            aclose = close
-    return aclose if callable(aclose) else None
+    if callable(aclose):
+        closers.append(aclose)
+    if stream is not iterator:
+        own = getattr(stream, "aclose", None)
+        if own is None:
+            close = getattr(stream, "close", None)
+            own = close if close is not None and inspect.iscoroutinefunction(close) else None
+        if callable(own):
+            closers.append(own)
+    if not closers:
+        return None
+    if len(closers) == 1:
+        return closers[0]
+
+    async def close_both() -> None:
+        try:
+            await closers[0]()
+        finally:
+            await closers[1]()
+
+    return close_both
 
 
 def _spawn(aw: Awaitable[Any]) -> asyncio.Future[Any]:
