@@ -196,3 +196,27 @@ async def test_postgres_stuck_write_spools_at_close_timeout(pg_target: Target) -
         assert await _counts(sink, "resp_stuck") == (len(evs), len(evs), "completed")
         await sink.aclose()
     assert PG_URL
+
+
+async def test_full_buffer_spills_to_the_spool(sqlite_target: Target) -> None:
+    from eventguard.lifecycle import Lifecycle, ResponseInfo, State
+
+    from .helpers import delta
+
+    sink = SqlSink(sqlite_target.url, spool_path=sqlite_target.spool, max_buffered=50, flush_every=10)
+    async with asyncio.timeout(30):
+        await sink.start()
+        lc = Lifecycle(info=ResponseInfo(response_id="resp_full"))
+        rec = sink.recorder(lc)
+        lc.transition(State.IN_PROGRESS)
+        rec.changed()
+        for i in range(500):  # no await in between: the writer cannot keep up
+            rec.event(i, "response.output_text.delta", delta(i))
+        assert sink.stats.overflows > 0
+        assert sqlite_target.spool.exists()
+        lc.transition(State.COMPLETED)
+        rec.changed()
+        await rec.close()
+        await sink.replay_spool()
+        assert await _counts(sink, "resp_full") == (500, 500, "completed")
+        await sink.aclose()
