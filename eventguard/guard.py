@@ -679,7 +679,7 @@ def _closer_for(stream: object, iterator: object) -> Callable[[], Awaitable[Any]
     keeps the HTTP response itself, released by its own ``close()``: closing only the generator would
     leave the connection open.
     """
-    closers = []
+    closers: list[Callable[[], Awaitable[Any]]] = []
     aclose = getattr(iterator, "aclose", None)
     if callable(aclose):
         closers.append(aclose)
