@@ -161,7 +161,9 @@ class SqlRecorder:
             payload = (
                 None
                 if a.payload is None
-                else encode(a.payload, a.event_type, max_bytes=sink.max_payload_bytes).text
+                else encode(
+                    a.payload, a.event_type, max_bytes=sink.max_payload_bytes, redact=sink.redact
+                ).text
             )
             batch.anomalies.append(
                 {
