@@ -1,0 +1,34 @@
+"""The ``eventguard`` command: the demo, the schema, and what the sink recorded.
+
+Every subcommand takes ``--database-url`` (or ``EVENTGUARD_DATABASE_URL``; default ``./eventguard.db``)
+and ``--json``. Errors are one line on stderr (exit 2); ``verify`` exits 1 when it finds a disagreement.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from eventguard.cli import db, demo, maintenance, responses, spool, stats, verify
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="eventguard",
+    help="Record what an agent server's response stream really did, and look at it.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("demo")(demo.command)
+app.add_typer(db.app, name="db")
+app.add_typer(responses.app, name="responses")
+app.command("stats")(stats.command)
+app.command("verify")(verify.command)
+app.add_typer(spool.app, name="spool")
+app.command("prune")(maintenance.prune)
+app.command("recover")(maintenance.recover)
+
+
+def main() -> None:
+    """The console script's entry point."""
+    app()

@@ -1,0 +1,122 @@
+"""``eventguard db upgrade | downgrade | current``: the schema, through the shipped Alembic migrations."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from eventguard import _db
+from eventguard.cli._common import (
+    DatabaseUrl,
+    Json,
+    emit_json,
+    ensure_exists,
+    errors,
+    handled,
+    out,
+    resolve,
+    run,
+)
+from eventguard.sink import migrate as _migrate
+
+app = typer.Typer(help="Create, upgrade, downgrade or inspect the eventguard schema.", no_args_is_help=True)
+
+
+@app.command()
+@handled
+def upgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
+    database_url: DatabaseUrl = None,
+    json: Json = False,
+) -> None:
+    """Create the schema, or upgrade it to this eventguard's version (idempotent)."""
+    url = resolve(database_url)
+
+    async def work() -> tuple[tuple[str, ...], tuple[str, ...]]:
+        engine = _db.create_engine(url)
+        try:
+            before = await _migrate.current_revision(engine)
+            await _migrate.upgrade(engine, revision)
+            return before, await _migrate.current_revision(engine)
+        finally:
+            await engine.dispose()
+
+    with errors(url):
+        before, after = run(work)
+    if json:
+        emit_json({"database_url": _db.safe_url(url), "before": list(before), "after": list(after)})
+        return
+    if before == after:
+        out.print(f"{_db.safe_url(url)}: already at {_rev(after)}", markup=False)
+    else:
+        out.print(f"{_db.safe_url(url)}: upgraded {_rev(before)} -> {_rev(after)}", markup=False)
+
+
+@app.command()
+@handled
+def downgrade(
+    revision: Annotated[
+        str, typer.Argument(help="Target revision: a revision id, -1, or base (drops every table).")
+    ],
+    database_url: DatabaseUrl = None,
+    json: Json = False,
+) -> None:
+    """Downgrade the schema to REVISION. `base` removes eventguard's tables and their data."""
+    url = resolve(database_url)
+    ensure_exists(url)
+
+    async def work() -> tuple[tuple[str, ...], tuple[str, ...]]:
+        engine = _db.create_engine(url)
+        try:
+            before = await _migrate.current_revision(engine)
+            if not before:
+                return before, before
+            await _migrate.downgrade(engine, revision)
+            return before, await _migrate.current_revision(engine)
+        finally:
+            await engine.dispose()
+
+    with errors(url):
+        before, after = run(work)
+    if json:
+        emit_json({"database_url": _db.safe_url(url), "before": list(before), "after": list(after)})
+        return
+    out.print(f"{_db.safe_url(url)}: downgraded {_rev(before)} -> {_rev(after)}", markup=False)
+
+
+@app.command()
+@handled
+def current(database_url: DatabaseUrl = None, json: Json = False) -> None:
+    """Show the database's schema revision and this eventguard's."""
+    url = resolve(database_url)
+    ensure_exists(url)
+
+    async def work() -> tuple[str, ...]:
+        engine = _db.create_engine(url)
+        try:
+            return await _migrate.current_revision(engine)
+        finally:
+            await engine.dispose()
+
+    with errors(url):
+        now = run(work)
+    expected = _migrate.expected_heads()
+    state = "up to date" if set(now) == set(expected) else ("not migrated" if not now else "needs upgrade")
+    if json:
+        emit_json(
+            {
+                "database_url": _db.safe_url(url),
+                "current": list(now),
+                "head": list(expected),
+                "up_to_date": set(now) == set(expected),
+            }
+        )
+        return
+    out.print(f"database: {_db.safe_url(url)}", markup=False)
+    out.print(f"current:  {_rev(now)}", markup=False)
+    out.print(f"head:     {_rev(expected)} ({state})", markup=False)
+
+
+def _rev(revisions: tuple[str, ...]) -> str:
+    return ", ".join(revisions) if revisions else "(none)"

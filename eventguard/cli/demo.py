@@ -1,0 +1,86 @@
+"""``eventguard demo``: five real responses, and what each layer said about them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import typer
+from rich.text import Text
+
+from eventguard.cli._common import DatabaseUrl, Json, emit_json, err, errors, handled, out, resolve, table
+from eventguard.cli.responses import status_text
+from eventguard.demo import DemoResult, lies
+
+
+@handled
+def command(database_url: DatabaseUrl = None, json: Json = False) -> None:
+    """Serve a guarded ResponsesHostServer on loopback, call it with the openai client, show the lies.
+
+    No model is needed. Five responses (completes; cancelled while suspended; cancelled after text
+    streamed; executor raises; chat cut short by graceful shutdown) are stored in the database.
+    """
+    from eventguard.demo import run_demo
+
+    url = resolve(database_url)
+
+    def progress(message: str) -> None:
+        err.print(Text(message, style="dim"))
+
+    with errors(url):
+        result = asyncio.run(run_demo(url, progress=progress))
+    if json:
+        emit_json(
+            {
+                "database_url": result.url,
+                "versions": result.versions,
+                "seconds": round(result.seconds, 3),
+                "ok": result.ok,
+                "responses": [row.as_json() for row in result.rows],
+            }
+        )
+    else:
+        _print_table(result)
+    if not result.ok:
+        err.print(
+            "eventguard: error: eventguard's record and the public API disagree (see the table)", markup=False
+        )
+        raise typer.Exit(1)
+
+
+def _print_table(result: DemoResult) -> None:
+    rows = []
+    for row in result.rows:
+        recorded = row.recorded
+        cause = f" ({recorded.cause})" if recorded is not None and recorded.cause else ""
+        rows.append(
+            [
+                str(row.number),
+                row.scenario,
+                Text(row.unguarded.shown, style="bold red" if row.lie else ""),
+                Text.assemble(status_text(row.recorded_status), cause),
+                status_text(row.public),
+                Text(row.verdict, style="bold red" if row.lie or not row.consistent else "green"),
+            ]
+        )
+    columns = ["#", "scenario", "unguarded handler yielded", "eventguard recorded", "public API", "verdict"]
+    out.print(table(None, columns, rows))
+    versions = ", ".join(f"{name} {version}" for name, version in result.versions.items())
+    caught = lies(result)
+    out.print(
+        f"{len(caught)} of {len(result.rows)} unguarded terminals lied; eventguard recorded what happened.",
+        markup=False,
+    )
+    out.print(
+        "Flags when the handler yielded its terminal: S cancellation signal, C client cancelled, D shutdown.",
+        markup=False,
+    )
+    out.print(f"Upstream: {versions}.", markup=False)
+    out.print(f"Stored in {result.url} in {result.seconds:.1f}s:", markup=False)
+    for row in result.rows:
+        out.print(f"  {row.number} {row.response_id}", markup=False)
+    out.print(
+        "Next: eventguard responses list --status cancelled | eventguard verify | "
+        f"eventguard responses show {result.rows[-1].response_id}",
+        markup=False,
+        soft_wrap=True,
+    )

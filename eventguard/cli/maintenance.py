@@ -1,0 +1,80 @@
+"""``eventguard prune`` and ``eventguard recover``: keep the store tidy and honest."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import typer
+
+from eventguard._records import PruneResult
+from eventguard.cli._common import (
+    DatabaseUrl,
+    Json,
+    emit_json,
+    handled,
+    out,
+    parse_duration,
+    store_command,
+)
+from eventguard.store import ResponseStore
+
+OlderThan = Annotated[str, typer.Option("--older-than", help="An age: 30m, 12h, 7d, 2w.", show_default=False)]
+
+
+@handled
+def prune(
+    older_than: OlderThan,
+    drop_summary: Annotated[
+        bool, typer.Option("--drop-summary", help="Delete the response rows too (default: keep them).")
+    ] = False,
+    database_url: DatabaseUrl = None,
+    json: Json = False,
+) -> None:
+    """Delete the history (events, transitions, anomalies) of responses that ended before the age."""
+    age = parse_duration(older_than, "--older-than")
+
+    async def work(store: ResponseStore) -> PruneResult:
+        return await store.prune(older_than=age, keep_summary=not drop_summary)
+
+    result = store_command(database_url, work)
+    if json:
+        emit_json(result.model_dump(mode="json"))
+        return
+    out.print(
+        f"pruned responses ended more than {older_than} ago: {result.events} events, "
+        f"{result.transitions} transitions, {result.anomalies} anomalies, {result.responses} response rows",
+        markup=False,
+    )
+
+
+@handled
+def recover(
+    older_than: OlderThan,
+    policy: Annotated[
+        str, typer.Option("--policy", help="Mark them interrupted (recoverable) or failed.")
+    ] = "interrupted",
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000, help="At most this many.")] = 1000,
+    database_url: DatabaseUrl = None,
+    json: Json = False,
+) -> None:
+    """Mark responses nobody has written since before the age (a crashed replica) as ended."""
+    age = parse_duration(older_than, "--older-than")
+    if policy not in ("interrupted", "failed"):
+        from eventguard.cli._common import fail
+
+        fail(f"--policy must be interrupted or failed, not {policy!r}")
+    chosen: Literal["interrupted", "failed"] = "failed" if policy == "failed" else "interrupted"
+
+    async def work(store: ResponseStore) -> list[str]:
+        return await store.recover(older_than=age, policy=chosen, limit=limit)
+
+    marked = store_command(database_url, work)
+    if json:
+        emit_json({"policy": chosen, "marked": marked})
+        return
+    if not marked:
+        out.print(f"no response stuck for more than {older_than}", markup=False)
+        return
+    out.print(f"marked {len(marked)} response(s) {chosen}:", markup=False)
+    for response_id in marked:
+        out.print(f"  {response_id}", markup=False)

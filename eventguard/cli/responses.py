@@ -1,0 +1,217 @@
+"""``eventguard responses list | show``: what was recorded, one response or many."""
+
+from __future__ import annotations
+
+from itertools import groupby
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+
+from eventguard._records import Attempt, History, ResponseRecord
+from eventguard.cli import _query
+from eventguard.cli._common import (
+    DatabaseUrl,
+    Json,
+    emit_json,
+    ensure_exists,
+    errors,
+    fail,
+    handled,
+    ms,
+    out,
+    parse_time,
+    resolve,
+    run,
+    table,
+    when,
+    with_store,
+)
+from eventguard.store import ResponseStore
+
+app = typer.Typer(help="List recorded responses, or show one's timeline.", no_args_is_help=True)
+
+STATUS_STYLE = {
+    "completed": "green",
+    "incomplete": "yellow",
+    "failed": "red",
+    "cancelled": "magenta",
+    "interrupted": "yellow",
+    "in_progress": "cyan",
+    "queued": "cyan",
+    "new": "cyan",
+}
+
+
+def status_text(status: str | None) -> Text:
+    return Text(status or "-", style=STATUS_STYLE.get(status or "", ""))
+
+
+@app.command("list")
+@handled
+def list_(
+    status: Annotated[
+        str | None,
+        typer.Option("--status", help="Only this status (completed, cancelled, in_progress, ...)."),
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Active since: an age (30m, 2h, 7d) or an ISO time.")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000, help="At most this many.")] = 50,
+    database_url: DatabaseUrl = None,
+    json: Json = False,
+) -> None:
+    """Recorded responses, newest first."""
+    url = resolve(database_url)
+    if status is not None:
+        try:
+            _query.check_status(status)
+        except ValueError as exc:
+            fail(str(exc))
+    since_at = parse_time(since, "--since") if since is not None else None
+
+    async def work(_store: ResponseStore) -> list[ResponseRecord]:
+        return await _query.list_responses(url, status=status, since=since_at, limit=limit)
+
+    with errors(url):
+        records = run(lambda: with_store(url, work))
+    if json:
+        emit_json([r.model_dump(mode="json") for r in records])
+        return
+    if not records:
+        out.print("no responses" + (f" with status {status}" if status else ""), markup=False)
+        return
+    rows = [
+        [
+            r.response_id,
+            status_text(r.status),
+            r.cause or "-",
+            r.agent_name or "-",
+            when(r.created_at),
+            ms(r.duration_ms),
+            r.event_count,
+        ]
+        for r in records
+    ]
+    out.print(
+        table(
+            None,
+            ["response", "status", "cause", "agent", "created", "duration", "events"],
+            rows,
+            keep=["response"],
+        )
+    )
+
+
+@app.command()
+@handled
+def show(
+    response_id: Annotated[str, typer.Argument(help="The response id (resp_... / caresp_...).")],
+    database_url: DatabaseUrl = None,
+    json: Json = False,
+) -> None:
+    """One response's timeline: its transitions, its events summarised, its anomalies."""
+    url = resolve(database_url)
+
+    async def work(store: ResponseStore) -> History | None:
+        return await store.history(response_id)
+
+    ensure_exists(url)
+    with errors(url):
+        history = run(lambda: with_store(url, work))
+    if history is None:
+        fail(f"unknown response id {response_id!r}")
+    if json:
+        emit_json(history.model_dump(mode="json"))
+        return
+    r = history.response
+    head = Text.assemble(r.response_id, "  ", status_text(r.status), f"  cause={r.cause or '-'}")
+    out.print(head)
+    details = [
+        ("agent", r.agent_name),
+        ("mode", _mode(r)),
+        ("conversation", r.conversation_id),
+        ("chain", r.chain_id),
+        ("partition key", r.partition_key),
+        ("created", when(r.created_at)),
+        ("finished", when(r.finished_at)),
+        ("duration", ms(r.duration_ms)),
+        ("tokens", _tokens(r)),
+        ("error", _error(r)),
+        ("flags", _flags(r)),
+        ("attempts", str(r.attempt)),
+        ("events", str(r.event_count)),
+    ]
+    for name, value in details:
+        if value:
+            out.print(f"  {name:<14}{value}", markup=False)
+    for attempt in history.attempts:
+        _print_attempt(attempt, len(history.attempts) > 1)
+
+
+def _print_attempt(attempt: Attempt, numbered: bool) -> None:
+    suffix = f" (attempt {attempt.attempt})" if numbered else ""
+    start = attempt.transitions[0].at if attempt.transitions else None
+    rows: list[list[Any]] = []
+    for t in sorted(attempt.transitions, key=lambda t: (t.idx < 0, t.idx if t.idx >= 0 else -t.idx)):
+        offset = f"+{(t.at - start).total_seconds() * 1000:.0f} ms" if start is not None else ""
+        rows.append([t.idx, offset, f"{t.from_state} -> {t.to_state}", t.cause or "", t.reason])
+    out.print(table(f"transitions{suffix}", ["#", "after", "transition", "cause", "reason"], rows))
+    out.print(table(f"events{suffix}", ["seq", "type", "count"], summarise_events(attempt)))
+    if attempt.anomalies:
+        anomaly_rows = [
+            [a.source, a.kind, a.event_type or "", "" if a.event_index is None else a.event_index, a.reason]
+            for a in attempt.anomalies
+        ]
+        out.print(
+            table(f"anomalies{suffix}", ["source", "kind", "event", "at event", "reason"], anomaly_rows)
+        )
+    else:
+        out.print(f"no anomalies{suffix}", markup=False)
+
+
+def summarise_events(attempt: Attempt) -> list[list[Any]]:
+    """Runs of consecutive events of one type, as (seq range, type, count)."""
+    rows: list[list[Any]] = []
+    for etype, run_ in groupby(attempt.events, key=lambda e: e.type):
+        items = list(run_)
+        first, last = items[0].seq, items[-1].seq
+        seq = str(first) if first == last else f"{first}-{last}"
+        rows.append([seq, etype or "(untyped)", len(items)])
+    return rows
+
+
+def _mode(r: ResponseRecord) -> str:
+    parts = []
+    if r.background:
+        parts.append("background")
+    if r.stream:
+        parts.append("stream")
+    if r.store is False:
+        parts.append("no-store")
+    return ",".join(parts) or "foreground"
+
+
+def _tokens(r: ResponseRecord) -> str | None:
+    if r.total_tokens is None and r.input_tokens is None and r.output_tokens is None:
+        return None
+    return f"in {r.input_tokens or 0} / out {r.output_tokens or 0} / total {r.total_tokens or 0}"
+
+
+def _error(r: ResponseRecord) -> str | None:
+    parts = [p for p in (r.error_code, r.error_type, r.error_message) if p]
+    return ": ".join(parts) if parts else None
+
+
+def _flags(r: ResponseRecord) -> str | None:
+    flags = [
+        name
+        for name, on in (
+            ("recovery", r.is_recovery),
+            ("steered turn", r.is_steered_turn),
+            ("cut short by steering", r.steering_cut_short),
+            ("unverified", r.unverified),
+        )
+        if on
+    ]
+    return ", ".join(flags) if flags else None
