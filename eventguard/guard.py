@@ -84,7 +84,7 @@ def guard(
     response; without it a set signal counts as a client cancel. ``cancel_grace=None`` turns off the
     watchdog that detects a stuck inner stream or a host that stopped iterating. ``recoverable``
     says whether a run stopped by shutdown can be recovered (``interrupted``) or is lost (``failed``);
-    by default a stored background run is taken as recoverable. See the README for the whole table.
+    by default a stored background run of a resilient host is. See the README for the whole table.
     """
     return Guard(
         stream,
@@ -163,7 +163,9 @@ class Guard:
         self._context = context
         info = info if info is not None else info_from_context(context)
         if recoverable is None:
-            recoverable = bool(info.background and info.store)
+            # Only a resilient host recovers a run; it gives such runs a durable task context.
+            durable = getattr(context, "_task_context", None) is not None
+            recoverable = bool(info.background and info.store and durable)
         self._options = Options(
             on_cancel=on_cancel, keep_shutdown_completion=keep_shutdown_completion, recoverable=recoverable
         )

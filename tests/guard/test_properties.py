@@ -323,3 +323,17 @@ async def test_recovered_snapshot_with_a_string_created_at_is_valid() -> None:
     await drain(g)
     assert g.lifecycle.anomalies == []
     assert g.lifecycle.state is State.COMPLETED
+
+
+@pytest.mark.parametrize(("durable", "expected"), [(True, State.INTERRUPTED), (False, State.FAILED)])
+async def test_shutdown_without_terminal_is_interrupted_only_on_a_resilient_host(
+    durable: bool, expected: State
+) -> None:
+    # Only a resilient host recovers a run (it gives it a durable task context); elsewhere it is lost.
+    ctx = make_context(background=True, store=True)
+    ctx._task_context = object() if durable else None
+    inner = Scripted(stream_events(2, final=None), before={4: ctx.shutdown.set})
+    g = guard(inner, asyncio.Event(), context=ctx)
+    out = await drain(g)
+    assert out[-1]["type"] == "response.output_text.delta"  # nothing added under shutdown
+    assert g.lifecycle.state is expected
