@@ -18,6 +18,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # usage errors as one plain line, like ours
 )
 app.command("demo")(demo.command)
 app.add_typer(db.app, name="db")

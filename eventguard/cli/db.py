@@ -20,13 +20,17 @@ from eventguard.cli._common import (
 )
 from eventguard.sink import migrate as _migrate
 
-app = typer.Typer(help="Create, upgrade, downgrade or inspect the eventguard schema.", no_args_is_help=True)
+app = typer.Typer(
+    help="Create, upgrade, downgrade or inspect the eventguard schema.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
 
 
 @app.command()
 @handled
 def upgrade(
-    revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
+    revision: Annotated[str, typer.Argument(metavar="REVISION", help="Target revision.")] = "head",
     database_url: DatabaseUrl = None,
     json: Json = False,
 ) -> None:
@@ -57,7 +61,7 @@ def upgrade(
 @handled
 def downgrade(
     revision: Annotated[
-        str, typer.Argument(help="Target revision: a revision id, -1, or base (drops every table).")
+        str, typer.Argument(metavar="REVISION", help="A revision id, -1, or base (drops every table).")
     ],
     database_url: DatabaseUrl = None,
     json: Json = False,

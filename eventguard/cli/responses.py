@@ -29,7 +29,9 @@ from eventguard.cli._common import (
 )
 from eventguard.store import ResponseStore
 
-app = typer.Typer(help="List recorded responses, or show one's timeline.", no_args_is_help=True)
+app = typer.Typer(
+    help="List recorded responses, or show one's timeline.", no_args_is_help=True, rich_markup_mode=None
+)
 
 STATUS_STYLE = {
     "completed": "green",

@@ -22,7 +22,9 @@ from eventguard.cli._common import (
 )
 from eventguard.sink import ReplayResult, SqlSink
 
-app = typer.Typer(help="The local spool of batches the database did not take.", no_args_is_help=True)
+app = typer.Typer(
+    help="The local spool of batches the database did not take.", no_args_is_help=True, rich_markup_mode=None
+)
 
 
 @app.command()
