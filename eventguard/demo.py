@@ -31,7 +31,6 @@ from sqlalchemy.engine import URL
 
 from eventguard import _db
 from eventguard._records import ResponseRecord
-from eventguard.lifecycle import State
 from eventguard.sink import SqlSink
 from eventguard.sink import migrate as _migrate
 from eventguard.store import ResponseStore
@@ -380,9 +379,7 @@ def _scenarios() -> list[_Scenario]:
     ]
 
 
-async def _run_one(
-    number: int, scenario: _Scenario, sink: SqlSink
-) -> tuple[str, Observed, str | None, float]:
+async def _run_one(scenario: _Scenario, sink: SqlSink) -> tuple[str, Observed, str | None, float]:
     started = time.monotonic()
     agent, probe = scenario.make_agent()
     server = _server_class()(agent, sink=sink, cancel_grace=CANCEL_GRACE, configure_observability=None)
@@ -459,7 +456,7 @@ async def run_demo(url: str | URL | None = None, *, progress: Progress | None = 
         try:
             for number, scenario in enumerate(scenarios, 1):
                 say(f"[{number}/{len(scenarios)}] {scenario.title} ...")
-                response_id, observed, public, seconds = await _run_one(number, scenario, sink)
+                response_id, observed, public, seconds = await _run_one(scenario, sink)
                 say(f"[{number}/{len(scenarios)}] {scenario.title}: {public} ({seconds:.1f}s)")
                 runs.append((scenario, response_id, observed, public, seconds))
         finally:
@@ -474,14 +471,3 @@ async def run_demo(url: str | URL | None = None, *, progress: Progress | None = 
 
 def lies(result: DemoResult) -> list[Row]:
     return [row for row in result.rows if row.lie]
-
-
-def expected_states() -> dict[str, State]:
-    """What each scenario really ended as (on every supported release)."""
-    return {
-        SCENARIO_TITLES[0]: State.COMPLETED,
-        SCENARIO_TITLES[1]: State.CANCELLED,
-        SCENARIO_TITLES[2]: State.CANCELLED,
-        SCENARIO_TITLES[3]: State.FAILED,
-        SCENARIO_TITLES[4]: State.FAILED,
-    }

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import typer
+from alembic.util import CommandError as AlembicCommandError
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -117,6 +118,8 @@ def errors(url: URL | None = None) -> Iterator[None]:
         raise
     except SchemaMismatchError as exc:
         fail(str(exc))
+    except AlembicCommandError as exc:  # e.g. a revision this eventguard does not know
+        fail(f"migration: {exc}")
     except (SQLAlchemyError, OSError, ConnectionError, TimeoutError) as exc:
         where = f" {shown_url(url)}" if url is not None else ""
         orig = getattr(exc, "orig", None) or exc

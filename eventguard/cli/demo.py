@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import typer
 from rich.text import Text
 
-from eventguard.cli._common import DatabaseUrl, Json, emit_json, err, errors, handled, out, resolve, table
+from eventguard.cli._common import (
+    DatabaseUrl,
+    Json,
+    emit_json,
+    err,
+    errors,
+    fail,
+    handled,
+    out,
+    resolve,
+    table,
+)
 from eventguard.cli.responses import status_text
-from eventguard.demo import DemoResult, lies
+
+if TYPE_CHECKING:  # the demo pulls in the host, uvicorn and openai: only when it runs
+    from eventguard.demo import DemoResult
 
 
 @handled
@@ -27,7 +41,10 @@ def command(database_url: DatabaseUrl = None, json: Json = False) -> None:
         err.print(Text(message, style="dim"))
 
     with errors(url):
-        result = asyncio.run(run_demo(url, progress=progress))
+        try:
+            result = asyncio.run(run_demo(url, progress=progress))
+        except TimeoutError as exc:  # a scenario step, not the database: say which
+            fail(f"demo: {exc or 'a step timed out'}")
     if json:
         emit_json(
             {
@@ -48,6 +65,8 @@ def command(database_url: DatabaseUrl = None, json: Json = False) -> None:
 
 
 def _print_table(result: DemoResult) -> None:
+    from eventguard.demo import lies
+
     rows = []
     for row in result.rows:
         recorded = row.recorded
