@@ -126,10 +126,15 @@ async def test_sqlite_locked_past_the_timeout(sqlite_target: Target) -> None:
     db_path = sqlite_target.url.split("///", 1)[1]
     holder: list[sqlite3.Connection] = []
 
-    def lock() -> None:
-        conn = sqlite3.connect(db_path, isolation_level=None)
+    def take_lock() -> None:
+        conn = sqlite3.connect(db_path, isolation_level=None, timeout=10, check_same_thread=False)
         conn.execute("BEGIN EXCLUSIVE")
         holder.append(conn)
+
+    def lock() -> Any:
+        # Off the event loop: the sink's writer may be mid-transaction and needs the loop to commit;
+        # waiting for the lock on the loop itself would deadlock until sqlite gives up.
+        return asyncio.to_thread(take_lock)
 
     def unlock() -> None:
         holder[0].execute("COMMIT")
