@@ -107,7 +107,7 @@ def check_file(path: Path, flushed: dict[str, int]) -> dict[str, Any]:
                 )
             ]
             assert seqs[:n] == list(range(n)), (rid, n, seqs[:n])
-        for rid, seq, payload in conn.execute("SELECT response_id, seq, payload FROM eventguard_events"):
+        for (payload,) in conn.execute("SELECT payload FROM eventguard_events"):
             json.loads(payload)  # every stored payload is whole JSON
         in_progress = [rid for rid, s in rows.items() if s not in (*TERMINAL, "interrupted")]
         return {"rows": len(rows), "in_progress": len(in_progress), "flushed": sum(flushed.values())}
