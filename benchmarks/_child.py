@@ -25,6 +25,11 @@ from ._sinks import guarded, pg_count, pg_sink, sqlite_count, sqlite_sink
 
 
 def _peak_rss_mib() -> float:
+    # VmHWM starts afresh at exec; ru_maxrss would carry the parent's peak over from the fork.
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
