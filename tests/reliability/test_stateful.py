@@ -141,7 +141,9 @@ class GuardMachine(RuleBasedStateMachine):
     @rule()
     def created_event(self) -> None:
         self.created = True
-        self.step("yield", {"type": "response.created", "response": {"id": self.rid, "status": "in_progress"}})
+        self.step(
+            "yield", {"type": "response.created", "response": {"id": self.rid, "status": "in_progress"}}
+        )
 
     @precondition(lambda self: not self.done)
     @rule(text=st.text(max_size=20))
@@ -266,7 +268,9 @@ def _synthesised(event: object) -> bool:
     if not isinstance(event, dict) or event.get("type") != "response.failed":
         return False
     error = event["response"].get("error") or {}
-    return error.get("code") in ("missing_terminal", "stuck") or event["response"].get("status") == "cancelled"
+    return (
+        error.get("code") in ("missing_terminal", "stuck") or event["response"].get("status") == "cancelled"
+    )
 
 
 def test_guard_and_sink_state_machine() -> None:
