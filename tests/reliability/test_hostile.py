@@ -329,8 +329,12 @@ async def test_password_never_in_logs_or_errors(tmp_path: Path, caplog: pytest.L
     cli_runs = 0
     if exe.exists():
         for args in (["list"], ["show", "x"], ["recover", "--older-than", "1h"], ["db", "upgrade"]):
-            out = subprocess.run(
-                [str(exe), *args, "--database-url", url], capture_output=True, text=True, timeout=60
+            out = await asyncio.to_thread(
+                subprocess.run,
+                [str(exe), *args, "--database-url", url],
+                capture_output=True,
+                text=True,
+                timeout=60,
             )
             cli_runs += 1
             if PASSWORD in out.stdout + out.stderr:
