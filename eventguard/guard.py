@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
-from types import TracebackType
-from typing import Any, Final, Literal, Protocol
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
+from types import AsyncGeneratorType, TracebackType
+from typing import Any, Final, Literal, Protocol, cast
 
 from eventguard.decision import Decision, Ending, Flags, Forward, Options, decide
 from eventguard.errors import (
@@ -60,8 +60,6 @@ _DROP: Final = object()
 _BACKGROUND: set[asyncio.Future[Any]] = set()
 _PRIMITIVES: Final = (str, bytes, bytearray, int, float, bool, list, tuple, set, type(None))
 _STUCK_MESSAGE: Final = "eventguard: inner stream ignored the cancellation signal past cancel_grace"
-
-_FRESH, _RUNNING, _DONE = 0, 1, 2
 
 
 def guard(
@@ -106,21 +104,21 @@ class Guard:
 
     __slots__ = (
         "__weakref__",
-        "_awaiting",
         "_cancelling_before",
         "_closer",
         "_context",
         "_finished",
         "_flush_timeout",
+        "_gen",
         "_grace",
         "_n",
         "_next",
         "_options",
-        "_phase",
         "_rec",
         "_signal",
         "_slow",
         "_snapshot",
+        "_stop_after",
         "_strict",
         "_stuck_handled",
         "_stuck_sent",
@@ -175,10 +173,11 @@ class Guard:
         #: The live lifecycle model of this response.
         self.lifecycle = Lifecycle.for_recovery(info) if info.is_recovery else Lifecycle(info=info)
         self._rec: Recorder | None = sink.recorder(self.lifecycle) if sink is not None else None
-        self._phase = _FRESH
+        self._gen: AsyncGeneratorType[Any, None] | None = None
+        #: The slow path asks the hot loop to finish after the event it returns.
+        self._stop_after = False
         self._used = False
         self._n = 0
-        self._awaiting = False
         self._slow = False
         self._terminal_seen = False
         self._finished = False
@@ -204,73 +203,83 @@ class Guard:
     ) -> None:
         await self.aclose()
 
-    def __aiter__(self) -> Guard:
-        return self
+    def __aiter__(self) -> AsyncGeneratorType[Any, None]:
+        # ``async for`` drives the guard's own async generator directly: no extra layer per event.
+        gen = self._gen
+        if gen is None:
+            if self._finished:
+                gen = cast(AsyncGeneratorType[Any, None], _empty())
+            else:
+                gen = self._gen = cast(AsyncGeneratorType[Any, None], self._run())
+        return gen
 
-    async def __anext__(self) -> Any:
-        if self._phase is not _RUNNING:
-            self._step_outside_run()
-        if self._grace is not None:
-            self._task = asyncio.current_task()
-        next_ = self._next
-        rec = self._rec
-        while True:
-            self._awaiting = True
-            try:
-                event = await next_()
-            except StopAsyncIteration:
-                self._awaiting = False
-                return await self._on_inner_end()
-            except asyncio.CancelledError:
-                self._awaiting = False
-                return await self._on_cancelled()
-            except Exception as exc:
-                self._awaiting = False
-                await self._on_raised(exc, Ending.RAISED)
-                raise
-            except BaseException as exc:
-                self._awaiting = False
-                await self._on_raised(exc, Ending.RAISED_BASE)
-                raise
-            self._awaiting = False
-            etype = event.get("type") if type(event) is dict else getattr(event, "type", None)
-            try:
-                special = etype in _SPECIAL
-            except TypeError:  # an unhashable "type" value: bad input, handled on the slow path
-                special = True
-            if special or self._slow:
-                try:
-                    out = self._slow_event(event)
-                except EventGuardError:
-                    await self._finish()
-                    raise
-                if out is _DROP:
-                    continue
-                return out
-            n = self._n
-            self._n = n + 1
-            if rec is not None:
-                rec.event(n, etype, event)
-            return event
+    def __anext__(self) -> Awaitable[Any]:
+        return self.__aiter__().__anext__()
 
     async def aclose(self) -> None:
         """End the guard: close the inner stream once, record the ending, flush. Again: a no-op."""
         self._used = True
+        gen = self._gen
+        if gen is not None and gen.ag_await is None and not gen.ag_running:
+            # Suspended between events (or never started): end our generator first, in this call.
+            await gen.aclose()
         if self._finished:
             return
         if not self.lifecycle.ended:
             self._apply(decide(Ending.CLOSED_EARLY, self._flags(), self._options))
         await self._finish()
 
-    # -- lifecycle of the guard itself ----------------------------------------------------------
-
-    def _step_outside_run(self) -> None:
-        if self._phase is _DONE:
-            raise StopAsyncIteration
-        self._phase = _RUNNING
+    async def _run(self) -> AsyncGenerator[Any, None]:
+        """The hot loop. Its only ``yield`` statements hand one event over; nothing around them
+        catches anything (PEP 789): a close or a throw at a ``yield`` goes straight through."""
         self._used = True
         if self._grace is not None:
+            # The task that iterates the guard; the watchdog interrupts only this task's await.
+            self._task = asyncio.current_task()
             self._watchdog = asyncio.get_running_loop().create_task(self._watch(self._grace))
+        next_ = self._next
+        rec = self._rec
+        special_types = _SPECIAL
+        n = self._n
+        try:
+            while True:
+                try:
+                    event = await next_()
+                except BaseException as exc:
+                    self._n = n
+                    out = await self._on_inner_exit(exc)
+                    if out is not _DROP:
+                        yield out
+                    return
+                etype = event.get("type") if type(event) is dict else getattr(event, "type", None)
+                try:
+                    special = etype in special_types
+                except TypeError:  # an unhashable "type" value: bad input, for the slow path
+                    special = True
+                if special or self._slow:
+                    self._n = n
+                    try:
+                        out = self._slow_event(event)
+                    except EventGuardError:  # strict mode: end, then let the caller see why
+                        await self._finish()
+                        raise
+                    n = self._n
+                    if self._stop_after:
+                        await self._finish(close_inner=False)
+                        if out is not _DROP:
+                            yield out
+                        return
+                    if out is _DROP:
+                        continue
+                    yield out
+                    continue
+                if rec is not None:
+                    rec.event(n, etype, event)
+                n += 1
+                yield event
+        finally:
+            if not self._slow:
+                self._n = n
 
     async def _finish(self, *, close_inner: bool = True) -> None:
         """Idempotent end: stop the watchdog, close the inner stream, then flush the recorder."""
@@ -278,7 +287,6 @@ class Guard:
             return
         self._finished = True
         self._slow = True
-        self._phase = _DONE
         self.lifecycle.events_forwarded = self._n
         watchdog = self._watchdog
         if watchdog is not None and watchdog is not asyncio.current_task():
@@ -327,27 +335,30 @@ class Guard:
 
     # -- endings ---------------------------------------------------------------------------------
 
-    async def _on_inner_end(self) -> Any:
-        out: Any = _DROP
-        if not self._terminal_seen and not self.lifecycle.terminal:
-            out = self._end_with(decide(Ending.NO_TERMINAL, self._flags(), self._options))
-        await self._finish()
-        if out is _DROP:
-            raise StopAsyncIteration
-        return out
+    async def _on_inner_exit(self, exc: BaseException) -> Any:
+        """The inner stream ended or raised: decide, finish, and say what (if anything) to forward.
 
-    async def _on_cancelled(self) -> Any:
-        task = asyncio.current_task()
-        if self._stuck_sent and not self._stuck_handled and task is not None:
-            self._stuck_handled = True
-            # Undo our own cancel only; if someone else cancelled too, theirs stands and propagates.
-            if task.uncancel() <= self._cancelling_before:
-                return await self._end_stuck()
-        flags = self._flags()
-        if not self.lifecycle.ended:
-            self._apply(decide(Ending.RAISED_CANCELLED, flags, self._options))
-        await self._finish()
-        raise asyncio.CancelledError
+        Re-raises ``exc`` itself unless it is the end of the stream or our own stuck-stream cancel.
+        """
+        if isinstance(exc, StopAsyncIteration):
+            out: Any = _DROP
+            if not self._terminal_seen and not self.lifecycle.terminal:
+                out = self._end_with(decide(Ending.NO_TERMINAL, self._flags(), self._options))
+            await self._finish()
+            return out
+        if isinstance(exc, asyncio.CancelledError):
+            task = asyncio.current_task()
+            if self._stuck_sent and not self._stuck_handled and task is not None:
+                self._stuck_handled = True
+                # Undo our own cancel only; if someone else cancelled too, theirs stands and propagates.
+                if task.uncancel() <= self._cancelling_before:
+                    return await self._end_stuck()
+            if not self.lifecycle.ended:
+                self._apply(decide(Ending.RAISED_CANCELLED, self._flags(), self._options))
+            await self._finish()
+            raise exc
+        await self._on_raised(exc, Ending.RAISED if isinstance(exc, Exception) else Ending.RAISED_BASE)
+        raise exc
 
     async def _end_stuck(self) -> Any:
         self.lifecycle.note(AnomalyKind.STUCK, _STUCK_MESSAGE, event_index=self._n)
@@ -356,8 +367,6 @@ class Guard:
             out = self._end_with(decide(Ending.STUCK, self._flags(), self._options))
         self._close_inner_in_background()
         await self._finish(close_inner=False)
-        if out is _DROP:
-            raise StopAsyncIteration
         return out
 
     async def _on_raised(self, exc: BaseException, ending: Ending) -> None:
@@ -468,7 +477,7 @@ class Guard:
         if not self.lifecycle.terminal:
             out = self._end_with(decide(Ending.STUCK, self._flags(), self._options))
         self._close_inner_in_background()
-        _spawn(self._finish(close_inner=False))
+        self._stop_after = True
         return out
 
     def _on_lifecycle_event(self, event: Any, etype: str, kind: Kind) -> None:
@@ -611,7 +620,9 @@ class Guard:
         await asyncio.sleep(grace)
         if self._finished:
             return
-        if self._awaiting:
+        gen = self._gen
+        if gen is not None and gen.ag_await is not None:
+            # Suspended inside an await of the hot loop: that is the inner stream's __anext__.
             task = self._task
             if task is None or task.done():
                 return
@@ -704,6 +715,11 @@ def _closer_for(stream: object, iterator: object) -> Callable[[], Awaitable[Any]
             await closers[1]()
 
     return close_both
+
+
+async def _empty() -> AsyncGenerator[Any, None]:
+    return
+    yield  # an async generator that ends at once: a guard closed before its first step
 
 
 def _spawn(aw: Awaitable[Any]) -> asyncio.Future[Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -337,3 +338,30 @@ async def test_shutdown_without_terminal_is_interrupted_only_on_a_resilient_host
     out = await drain(g)
     assert out[-1]["type"] == "response.output_text.delta"  # nothing added under shutdown
     assert g.lifecycle.state is expected
+
+
+async def test_stuck_inner_that_swallows_our_cancel_still_ends_and_cancelling_is_restored() -> None:
+    produced_after: list[Any] = []
+
+    async def swallower() -> Any:
+        for e in stream_events(1, final=None):
+            yield e
+        with contextlib.suppress(asyncio.CancelledError):  # a badly behaved inner stream
+            await block_ignoring_signal()
+        late = {"type": "response.output_text.delta", "delta": "late"}
+        produced_after.append(late)
+        yield late
+        await block_ignoring_signal()  # would hang the consumer if the guard kept waiting
+
+    signal = asyncio.Event()
+    signal.set()
+    g = guard(swallower(), signal, cancel_grace=0.05)
+    task = asyncio.current_task()
+    assert task is not None
+    before = task.cancelling()
+    out = await drain(g)
+    assert task.cancelling() == before
+    assert produced_after and produced_after[0] not in out
+    assert g.lifecycle.state is State.CANCELLED
+    stuck = [a for a in g.lifecycle.anomalies if a.kind == "stuck"]
+    assert stuck and stuck[0].payload is produced_after[0]
