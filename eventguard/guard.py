@@ -40,7 +40,7 @@ from eventguard.events import (
     parse_lifecycle_event,
     read_terminal,
 )
-from eventguard.lifecycle import AnomalyKind, ErrorInfo, Lifecycle, ResponseInfo, State
+from eventguard.lifecycle import AnomalyKind, Cause, ErrorInfo, Lifecycle, ResponseInfo, State
 from eventguard.recording import Recorder, Sink
 
 __all__ = ["CancellationSignal", "Guard", "guard", "info_from_context"]
@@ -114,6 +114,7 @@ class Guard:
         "_n",
         "_next",
         "_options",
+        "_pending",
         "_rec",
         "_signal",
         "_slow",
@@ -176,6 +177,8 @@ class Guard:
         self._gen: AsyncGeneratorType[Any, None] | None = None
         #: The slow path asks the hot loop to finish after the event it returns.
         self._stop_after = False
+        #: A terminal's decision, applied when the inner stream ends (see _settle).
+        self._pending: Decision | None = None
         self._used = False
         self._n = 0
         self._slow = False
@@ -225,6 +228,7 @@ class Guard:
             await gen.aclose()
         if self._finished:
             return
+        self._settle()
         if not self.lifecycle.ended:
             self._apply(decide(Ending.CLOSED_EARLY, self._flags(), self._options))
         await self._finish()
@@ -252,16 +256,15 @@ class Guard:
                         yield out
                     return
                 etype = event.get("type") if type(event) is dict else getattr(event, "type", None)
-                try:
-                    special = etype in special_types
-                except TypeError:  # an unhashable "type" value: bad input, for the slow path
-                    special = True
-                if special or self._slow:
+                # Only a plain str type that is not a lifecycle type takes the hot path; anything
+                # else (None, "", a number, a tuple, an unhashable value) is for the slow path.
+                if etype.__class__ is not str or etype in special_types or self._slow:
                     self._n = n
                     try:
                         out = self._slow_event(event)
-                    except EventGuardError:  # strict mode: end, then let the caller see why
-                        await self._finish()
+                    except EventGuardError as exc:  # strict mode: end, then let the caller see why
+                        self._n = n
+                        await self._on_raised(exc, Ending.RAISED)
                         raise
                     n = self._n
                     if self._stop_after:
@@ -285,6 +288,7 @@ class Guard:
         """Idempotent end: stop the watchdog, close the inner stream, then flush the recorder."""
         if self._finished:
             return
+        self._settle()
         self._finished = True
         self._slow = True
         self.lifecycle.events_forwarded = self._n
@@ -335,11 +339,33 @@ class Guard:
 
     # -- endings ---------------------------------------------------------------------------------
 
+    def _settle(self) -> None:
+        """Apply the terminal's decision, now that the inner stream has ended (or the guard has).
+
+        The flags were read when the terminal was produced; only a client cancel is read again here,
+        at the end of the stream and never later: the host reports ``cancelled`` for a client that
+        cancelled or disconnected before the handler ended, even after a forwarded terminal. (The
+        signal alone is not read again: newer hosts set it after every foreground completion.)
+        """
+        decision = self._pending
+        if decision is None:
+            return
+        self._pending = None
+        if self._flags().client_cancelled:
+            decision = Decision(
+                Forward.NOTHING,
+                State.CANCELLED,
+                Cause.CLIENT_CANCEL,
+                "client cancel after the terminal was forwarded, before the stream ended",
+            )
+        self._apply(decision)
+
     async def _on_inner_exit(self, exc: BaseException) -> Any:
         """The inner stream ended or raised: decide, finish, and say what (if anything) to forward.
 
         Re-raises ``exc`` itself unless it is the end of the stream or our own stuck-stream cancel.
         """
+        self._settle()
         if isinstance(exc, StopAsyncIteration):
             out: Any = _DROP
             if not self._terminal_seen and not self.lifecycle.terminal:
@@ -370,6 +396,7 @@ class Guard:
         return out
 
     async def _on_raised(self, exc: BaseException, ending: Ending) -> None:
+        self._settle()
         if not self.lifecycle.ended or self.lifecycle.state is State.INTERRUPTED:
             decision = decide(ending, self._flags(), self._options)
             self.lifecycle.error = ErrorInfo(
@@ -381,10 +408,13 @@ class Guard:
     def _end_with(self, decision: Decision) -> Any:
         """Apply a decision reached without a terminal from the inner stream; what to forward."""
         self._apply(decision)
+        synthesised: Any = _DROP
         if decision.forward is Forward.FAILED_MISSING_TERMINAL:
-            return self._synthesise("failed", decision.cause.value, decision.reason)
-        if decision.forward is Forward.CANCELLED:
-            return self._synthesise("cancelled", None, None)
+            synthesised = self._synthesise("failed", decision.cause.value, decision.reason)
+        elif decision.forward is Forward.CANCELLED:
+            synthesised = self._synthesise("cancelled", None, None)
+        if synthesised is not _DROP:
+            return self._forward(synthesised, "response.failed")
         if decision.cause.value == "missing_terminal":
             self.lifecycle.note(AnomalyKind.MISSING_TERMINAL, decision.reason, event_index=self._n)
         return _DROP
@@ -432,6 +462,8 @@ class Guard:
     def _forward(self, event: Any, etype: str | None) -> Any:
         n = self._n
         self._n = n + 1
+        # The slow path runs for lifecycle events and terminals: keep the row's count exact there.
+        self.lifecycle.events_forwarded = n + 1
         if self._rec is not None:
             self._rec.event(n, etype, event)
         return event
@@ -462,6 +494,7 @@ class Guard:
     def _stuck_cancel_swallowed(self, event: Any, etype: object) -> Any:
         # The inner stream swallowed the cancel we sent it after cancel_grace: take it back and end.
         self._stuck_handled = True
+        self._settle()
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()
@@ -544,7 +577,12 @@ class Guard:
                 etype,
                 None,
             )
-        self._apply(decision)
+        if decision.state is State.CANCELLED or lc.ended:
+            self._apply(decision)
+        else:
+            # Settled when the inner stream ends (see _settle): a client cancel that lands between
+            # this terminal and the end of the stream still makes the host report cancelled.
+            self._pending = decision
         forward = decision.forward
         if forward is Forward.PASS:
             return self._forward(event, etype)
@@ -634,6 +672,8 @@ class Guard:
             task.cancel(msg=_STUCK_MESSAGE)
             return
         flags = self._flags()
+        if flags.client_cancelled or flags.shutdown:
+            self._settle()
         if not self.lifecycle.ended and (flags.client_cancelled or flags.shutdown):
             # The host stopped iterating and may never resume or close us: record the ending now.
             self.lifecycle.note(

@@ -4,7 +4,7 @@
 # Usage: bash scripts/mutation.sh [module.py ...]   (default: eventguard/decision.py eventguard/lifecycle.py)
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
-py=${PYTHON:-/tmp/venvs/new/bin/python}
+py=${PYTHON:-.venv-newest/bin/python}
 cr="$(dirname "$py")/cosmic-ray"
 [ -x "$cr" ] || "$py" -m pip install -q cosmic-ray
 modules=("$@")

@@ -3,10 +3,10 @@
 #   bash scripts/reliability.sh          the CI part (sampled fault matrix, 4 kills, 200-load, fuzz, state machine)
 #   bash scripts/reliability.sh slow     full matrix (31 positions), 50 SIGKILLs, 1,000-load (under 15 minutes)
 #   bash scripts/reliability.sh mutation cosmic-ray over decision.py + lifecycle.py (scripts/mutation.sh)
-# PYTHON picks the interpreter (default /tmp/venvs/new/bin/python, else python3).
+# PYTHON picks the interpreter (default .venv-newest/bin/python, built by tests/run.sh; else python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-py=${PYTHON:-/tmp/venvs/new/bin/python}
+py=${PYTHON:-.venv-newest/bin/python}
 [ -x "$py" ] || py=python3
 mode=${1:-ci}
 report=$(mktemp /tmp/eventguard-reliability.XXXXXX.jsonl)

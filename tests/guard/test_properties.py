@@ -365,3 +365,41 @@ async def test_stuck_inner_that_swallows_our_cancel_still_ends_and_cancelling_is
     assert g.lifecycle.state is State.CANCELLED
     stuck = [a for a in g.lifecycle.anomalies if a.kind == "stuck"]
     assert stuck and stuck[0].payload is produced_after[0]
+
+
+@pytest.mark.parametrize("bad_type", [0, 1.5, True, ("a",), b"response.created"])
+async def test_a_non_string_type_never_reaches_the_host(bad_type: object) -> None:
+    events = stream_events(1)
+    events.insert(2, {"type": bad_type, "delta": "x"})
+    g = guard(Scripted(events), asyncio.Event())
+    out = await drain(g)
+    assert all(isinstance(e["type"], str) for e in out)
+    assert [a.kind for a in g.lifecycle.anomalies] == ["missing_type"]
+
+
+async def test_client_cancel_after_the_terminal_but_before_the_end_is_a_cancel() -> None:
+    # The host reports cancelled when the client cancels before the handler ends, even after the
+    # terminal went out; the guard settles the ending when the inner stream ends.
+    signal = asyncio.Event()
+    ctx = make_context()
+
+    def cancel_now() -> None:
+        ctx.client_cancelled = True
+        signal.set()
+
+    events = stream_events(1)
+    g = guard(Scripted(events, before={len(events): cancel_now}), signal, context=ctx)
+    out = await drain(g)
+    assert out[-1]["type"] == "response.completed"  # already forwarded: the host rewrites it
+    assert g.lifecycle.state is State.CANCELLED
+
+
+async def test_signal_set_after_the_end_does_not_turn_a_success_into_a_cancel() -> None:
+    # Newer hosts set the signal after every normal foreground completion: never read it later.
+    signal = asyncio.Event()
+    g = guard(Scripted(stream_events(1)), signal, context=make_context())
+    out = await drain(g)
+    signal.set()
+    await g.aclose()
+    assert out[-1]["type"] == "response.completed"
+    assert g.lifecycle.state is State.COMPLETED

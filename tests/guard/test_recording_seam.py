@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from eventguard import Lifecycle, State, guard
+from eventguard import InvalidEvent, Lifecycle, State, guard
 
 from .scripted import Scripted, block_ignoring_signal, make_context, stream_events
 
@@ -85,3 +85,37 @@ async def test_a_hanging_sink_cannot_hang_the_host() -> None:
     async with asyncio.timeout(5):
         out = [e async for e in g]
     assert out[-1]["type"] == "response.completed"
+
+
+async def test_the_count_includes_the_terminal_when_the_terminal_is_recorded() -> None:
+    # The row's terminal is written at once and is final: its event count must already include it.
+    counts: list[int] = []
+    sink = MemorySink()
+    g = guard(Scripted(stream_events(3)), asyncio.Event(), sink=sink)
+    async with asyncio.timeout(5):
+        async for e in g:
+            if e["type"] == "response.completed":
+                counts.append(g.lifecycle.events_forwarded)
+    assert counts == [6]
+
+
+async def test_a_synthesised_terminal_is_recorded_like_any_forwarded_event() -> None:
+    sink = MemorySink()
+    async with asyncio.timeout(5):
+        out = [e async for e in guard(Scripted(stream_events(2, final=None)), asyncio.Event(), sink=sink)]
+    (rec,) = sink.recorders
+    assert out[-1]["type"] == "response.failed"
+    assert [e for _, _, e in rec.events] == out
+
+
+async def test_strict_mode_error_still_ends_the_lifecycle() -> None:
+    sink = MemorySink()
+    g = guard(
+        Scripted([*stream_events(1)[:2], 42, *stream_events(1)[2:]]), asyncio.Event(), sink=sink, strict=True
+    )
+    with pytest.raises(InvalidEvent):
+        async with asyncio.timeout(5):
+            async for _ in g:
+                pass
+    assert g.lifecycle.state is State.FAILED
+    assert sink.recorders[0].closed_with is State.FAILED

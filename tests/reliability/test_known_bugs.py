@@ -55,15 +55,6 @@ async def run(tmp_path: Path, events: list[Any]) -> tuple[list[Any], Any]:
     return out, hist
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG-1: the stored event_count misses the terminal. Guard._apply sets lifecycle.events_forwarded "
-        "before the terminal is forwarded; the writer stores the terminal row then; _finish's later count "
-        "never reaches the (final) row. Fix: in eventguard/guard.py Guard._forward, after `self._n = n + 1`, "
-        "set `self.lifecycle.events_forwarded = self._n` (slow path only)."
-    ),
-)
 async def test_event_count_includes_the_terminal(tmp_path: Path) -> None:
     out, hist = await run(tmp_path, [created(), in_progress(), delta(), completed()])
     assert len(out) == 4
@@ -71,16 +62,6 @@ async def test_event_count_includes_the_terminal(tmp_path: Path) -> None:
     assert hist.response.event_count == 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG-3: a terminal the guard synthesises when the inner ends without one (missing_terminal, stuck) "
-        "is forwarded to the host but never handed to the recorder, so history != forwarded events. "
-        "Fix: in eventguard/guard.py Guard._end_with, return "
-        "`self._forward(synth, 'response.failed')` when the synthesised event is not _DROP (both the "
-        "FAILED_MISSING_TERMINAL and the CANCELLED branches)."
-    ),
-)
 async def test_synthesised_terminal_is_stored(tmp_path: Path) -> None:
     out, hist = await run(tmp_path, [created(), in_progress(), delta()])
     assert [e["type"] for e in out][-1] == "response.failed"
@@ -89,17 +70,6 @@ async def test_synthesised_terminal_is_stored(tmp_path: Path) -> None:
 
 
 @pytest.mark.upstream
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG-2: a client disconnect after the terminal was forwarded but before the handler ended: the "
-        "host records cancelled, the guard completed. Fix: in eventguard/guard.py, when the inner ends "
-        "(Guard._on_inner_end / aclose) after a forwarded completed/incomplete and context.client_cancelled "
-        "is now set, the host will write cancelled; keep the terminal transition pending until the inner "
-        "ends (apply it in _finish with client_cancelled re-read; the signal alone must not count, the new "
-        "release sets it after every foreground completion)."
-    ),
-)
 async def test_disconnect_after_terminal_matches_the_host(tmp_path: Path) -> None:
     from ._common import database
     from .test_fault_matrix import CASES, run_case
