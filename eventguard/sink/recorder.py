@@ -1,8 +1,10 @@
 """One guarded stream's recorder: a reference buffer on the hot path, rows off it.
 
 ``event`` and ``changed`` only append and flag; the sink's writer task calls :meth:`collect`,
-which reads the lifecycle and serialises in one synchronous step, so the snapshot it takes is
-consistent (the guard runs in the same event loop and cannot interleave).
+which reads the lifecycle in one synchronous step, so the snapshot it takes is consistent (the
+guard runs in the same event loop and cannot interleave). The events themselves are serialised
+later, a chunk at a time (:meth:`encode_some`): forwarded events are never mutated, so a
+reference taken now serialises the same later.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from eventguard.lifecycle import Lifecycle
 from eventguard.sink.batch import Batch
-from eventguard.sink.serialise import encode
+from eventguard.sink.serialise import JSON_OPTIONS, encode
 from eventguard.sink.tables import TERMINAL
 
 if TYPE_CHECKING:
@@ -124,23 +128,14 @@ class SqlRecorder:
         sink = self._sink
         lc = self.lifecycle
         now = datetime.now(UTC)
-        batch = Batch(response_id=rid, attempt=lc.attempt, owner=sink.owner, row={}, terminal=False)
+        batch = Batch(
+            response_id=rid, attempt=lc.attempt, owner=sink.owner, row={}, terminal=False, recorded_at=now
+        )
+        batch.source = self
 
-        pending, self.pending = self.pending, []
-        for attempt, seq, etype, ev in pending:
-            enc = encode(ev, etype, max_bytes=sink.max_payload_bytes, redact=sink.redact)
-            batch.events.append(
-                {
-                    "response_id": rid,
-                    "attempt": attempt,
-                    "seq": seq,
-                    "type": etype,
-                    "payload": enc.text,
-                    "recorded_at": now,
-                }
-            )
-            for kind, reason in enc.problems:
-                batch.anomalies.append(self._sink_anomaly(rid, attempt, kind.value, reason, now, etype, seq))
+        # References only: the writer serialises them in small chunks (encode_some), so the
+        # snapshot stays synchronous and cheap while the client's stream keeps its loop turns.
+        batch.raw, self.pending = self.pending, []
 
         for t in lc.transitions[self._transitions_taken :]:
             batch.transitions.append(
@@ -189,12 +184,61 @@ class SqlRecorder:
         self.dirty = False
         return batch
 
+    def encode_some(self, batch: Batch, limit: int | None = None) -> int:
+        """Serialise up to ``limit`` (None: all) of ``batch``'s remaining events; how many it did.
+
+        Plain dicts without a redactor (the bulk of every stream) take orjson's C path directly;
+        anything else, or anything orjson or the size limit rejects, takes :func:`encode`, which
+        never raises and reports each lossy step as a ``sink`` anomaly.
+        """
+        raw = batch.raw
+        start = batch.raw_done
+        stop = len(raw) if limit is None else min(len(raw), start + limit)
+        if start >= stop:
+            return 0
+        sink = self._sink
+        max_bytes = sink.max_payload_bytes
+        redact = sink.redact
+        append = batch.events.append
+        at = batch.recorded_at or datetime.now(UTC)
+        dumps = orjson.dumps
+        for i in range(start, stop):
+            attempt, seq, etype, ev = raw[i]
+            if redact is None and type(ev) is dict:
+                try:
+                    data = dumps(ev, option=JSON_OPTIONS)
+                except TypeError:  # orjson.JSONEncodeError included: the full path says why
+                    pass
+                else:
+                    if len(data) <= max_bytes:
+                        append((attempt, seq, etype, data.decode()))
+                        continue
+            enc = encode(ev, etype, max_bytes=max_bytes, redact=redact)
+            append((attempt, seq, etype, enc.text))
+            for kind, reason in enc.problems:
+                batch.anomalies.append(
+                    self._sink_anomaly(batch.response_id, attempt, kind.value, reason, at, etype, seq)
+                )
+        if stop == len(raw):
+            batch.raw = []  # drop the references as soon as they are serialised
+            batch.raw_done = 0
+        else:
+            batch.raw_done = stop
+        return stop - start
+
     def _next_sink_idx(self) -> int:
         self._sink_idx += 1
         return self._sink_idx - 1
 
     def _sink_anomaly(
-        self, rid: str, attempt: int, kind: str, reason: str, at: datetime, etype: str | None, seq: int | None
+        self,
+        rid: str,
+        attempt: int,
+        kind: str,
+        reason: str,
+        at: datetime,
+        etype: str | None,
+        seq: int | None,
     ) -> dict[str, Any]:
         return {
             "response_id": rid,

@@ -20,7 +20,8 @@ from eventguard.lifecycle import AnomalyKind
 #: It receives the very dict the client was sent: return a new object, never mutate it.
 Redactor = Callable[[str | None, Any], Any]
 
-_OPTIONS = orjson.OPT_NON_STR_KEYS
+#: orjson options for every stored payload (the recorder's fast path uses them too).
+JSON_OPTIONS = orjson.OPT_NON_STR_KEYS
 _REPR_LIMIT = 2_000
 
 
@@ -75,7 +76,7 @@ def encode(
         return str(value)
 
     try:
-        data = orjson.dumps(obj, default=default, option=_OPTIONS)
+        data = orjson.dumps(obj, default=default, option=JSON_OPTIONS)
     except (TypeError, orjson.JSONEncodeError) as exc:
         data = orjson.dumps(_stand_in(obj, str(exc)))
         problems.append((AnomalyKind.NOT_SERIALISABLE, f"not JSON ({exc}): stored its repr"))
