@@ -35,7 +35,7 @@ from ._drivers import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.upstream, pytest.mark.usefixtures("guard_api")]
+pytestmark = [pytest.mark.upstream]
 
 CANCEL_GRACE = 1.0
 MODES = [

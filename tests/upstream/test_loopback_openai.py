@@ -16,7 +16,7 @@ from eventguard._scenarios import ScriptedChatClient, chat_agent, workflow_agent
 
 from ._drivers import STEP, wait_for, wait_until
 
-pytestmark = [pytest.mark.upstream, pytest.mark.usefixtures("guard_api")]
+pytestmark = [pytest.mark.upstream]
 
 
 class ListSink:
