@@ -80,7 +80,11 @@ class SqlSink:
     ``url``: an SQLAlchemy URL; default ``EVENTGUARD_DATABASE_URL``, else ``./eventguard.db``.
     ``events``: "all" | "finished" | "lifecycle"; ``predicate`` refines it. ``redact`` rewrites a
     payload before it is stored. Flushes happen on lifecycle changes, every ``flush_every``
-    buffered events, and every ``flush_interval`` seconds. ``auto_migrate``: None (default)
+    buffered events, and every ``flush_interval`` seconds. ``max_buffered`` bounds the events
+    waiting for the writer (a reference each, ~100 bytes, plus the event it keeps alive): it must
+    cover what the streams forward during one write cycle, which under a thousand concurrent
+    streams spans many turns of the event loop (the default holds 1,000 x 100-event streams
+    started at once on a 2-core machine, with room to spare). ``auto_migrate``: None (default)
     creates the schema in an empty database but never upgrades an existing one.
     """
 
@@ -94,7 +98,7 @@ class SqlSink:
         redact: Redactor | None = None,
         flush_every: int = 500,
         flush_interval: float = 0.05,
-        max_buffered: int = 50_000,
+        max_buffered: int = 200_000,
         on_full: FullPolicy = "spool",
         max_payload_bytes: int = 1 << 20,
         spool_path: str | os.PathLike[str] | None = None,

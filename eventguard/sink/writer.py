@@ -2,18 +2,20 @@
 
 Every statement is idempotent: keyed inserts use ON CONFLICT DO NOTHING, and the row write is a
 conditional upsert (never from a terminal state, never backwards). All of a cycle's response rows
-go in one statement per dialect, ``INSERT ... ON CONFLICT (response_id) DO UPDATE ... WHERE status
-NOT IN (terminal states) AND <moves forward> RETURNING response_id``: a row it does not return was
-neither inserted nor updated, and only those are looked at again. A status change the database
-refuses becomes a :class:`Refusal` and an anomaly row, never a silent no-op.
+go in one statement, ``INSERT ... ON CONFLICT (response_id) DO UPDATE ... WHERE status NOT IN
+(terminal states) AND <moves forward>``. When it writes fewer rows than it was given, the rows are
+read back and judged one by one, as before. A status change the database refuses becomes a
+:class:`Refusal` and an anomaly row, never a silent no-op.
 
-Events, the bulk of every cycle, are bound as tuples straight to the driver: ``executemany`` on
-SQLite, one ``INSERT ... SELECT FROM unnest(...)`` per chunk on PostgreSQL. Values go through the
+Each statement binds a fixed number of values whatever its row count: one JSON array unpacked by
+``json_each`` on SQLite (in C, in the driver's thread, without taking the GIL back from the streams
+once per row), one array per column through ``unnest`` on PostgreSQL. Values go through the
 column types' own bind processors, so what is stored is exactly what SQLAlchemy would store.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,9 +24,10 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 import orjson
-from sqlalchemy import Column, Insert, Table, select
+from sqlalchemy import JSON, Column, Table, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from eventguard.lifecycle import AnomalyKind
@@ -32,12 +35,13 @@ from eventguard.sink.batch import Batch
 from eventguard.sink.serialise import encode_value
 from eventguard.sink.tables import TERMINAL, anomalies, events, responses, sql_list, transitions
 
-#: Response rows per upsert statement. SQLite binds 30 values a row (its limit is 32,766 per
-#: statement); PostgreSQL takes one array per column, so the bound is only there to keep each
-#: statement's work (and the event loop's share of it) small.
-ROWS_PER_STATEMENT = 500
-#: Events per statement (PostgreSQL) or per ``executemany`` (SQLite).
-EVENTS_PER_STATEMENT = 2_000
+#: Response rows per upsert statement, and events (transitions, anomalies) per insert. Each
+#: statement binds a fixed number of values whatever its row count (one JSON array on SQLite,
+#: one array per column on PostgreSQL): the bounds only keep one statement's work, and the
+#: event loop's share of it, in proportion. Fewer statements mean fewer round trips, and under
+#: load every round trip waits for a whole turn of the event loop.
+ROWS_PER_STATEMENT = 2_000
+EVENTS_PER_STATEMENT = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,16 +60,9 @@ class Refusal:
         return f"refused {self.wanted!r} for attempt {self.attempt}: the row is already {self.stored!r}{by}"
 
 
-def _insert(conn: AsyncConnection, table: Table) -> Insert:
-    if conn.dialect.name == "postgresql":
-        return postgresql.insert(table).on_conflict_do_nothing()
-    return sqlite.insert(table).on_conflict_do_nothing()
-
-
 #: The row columns the sink writes: all but the key and the version (the database keeps those).
 _ROW_COLUMNS: tuple[Column[Any], ...] = tuple(c for c in responses.columns if c.name not in ("pk", "version"))
 _ROW_VALUES = tuple(c.name for c in _ROW_COLUMNS if c.name != "response_id")
-_EVENT_COLUMNS: tuple[Column[Any], ...] = tuple(events.columns)
 #: For spelling statements (quoting, type names): the driver makes no difference there.
 _DIALECTS: dict[str, Dialect] = {
     "sqlite": sqlite.dialect(),
@@ -92,15 +89,11 @@ async def write(conn: AsyncConnection, batches: Sequence[Batch]) -> list[Refusal
         if batch.refusal_idx is not None:
             extra_anomalies.append(_refusal_anomaly(batch, refusal, refused))
     # Children after their rows (foreign keys); one statement per table (per chunk) per cycle.
-    await _insert_events(conn, batches)
-    await _insert_many(conn, transitions, kept_transitions)
-    await _insert_many(conn, anomalies, [a for b in batches for a in b.anomalies] + extra_anomalies)
+    await _insert(conn, events, _event_rows(conn.dialect, batches))
+    await _insert(conn, transitions, _dict_rows(conn.dialect, transitions, kept_transitions))
+    found = [a for b in batches for a in b.anomalies] + extra_anomalies
+    await _insert(conn, anomalies, _dict_rows(conn.dialect, anomalies, found))
     return refusals
-
-
-async def _insert_many(conn: AsyncConnection, table: Table, rows: list[dict[str, Any]]) -> None:
-    if rows:
-        await conn.execute(_insert(conn, table), rows)
 
 
 # -- the response rows --------------------------------------------------------------------------
@@ -121,20 +114,25 @@ async def _write_rows(conn: AsyncConnection, batches: Sequence[Batch]) -> list[R
             (later if rid in seen else now).append(i)
             seen.add(rid)
         for start in range(0, len(now), ROWS_PER_STATEMENT):
-            chunk = [batches[i] for i in now[start : start + ROWS_PER_STATEMENT]]
-            written = await _upsert(conn, chunk)
             ids = now[start : start + ROWS_PER_STATEMENT]
-            missed = [(i, b) for i, b in zip(ids, chunk, strict=True) if b.response_id not in written]
-            if missed:
-                found = await _stored(conn, {b.response_id for _, b in missed})
-                for i, b in missed:
-                    out[i] = _judge(b, found.get(b.response_id))
+            chunk = [batches[i] for i in ids]
+            if await _upsert(conn, chunk) == len(chunk):
+                continue  # every row written: nothing was refused
+            # Some row was left alone. Judging a row this statement did write always finds
+            # nothing to report (its stored state is the batch's own), so judge them all.
+            found = await _stored(conn, {b.response_id for b in chunk})
+            for i, b in zip(ids, chunk, strict=True):
+                out[i] = _judge(b, found.get(b.response_id))
         todo = later
     return out
 
 
-async def _upsert(conn: AsyncConnection, chunk: list[Batch]) -> set[str]:
-    """One conditional upsert for ``chunk`` (distinct response ids); the ids it wrote."""
+async def _upsert(conn: AsyncConnection, chunk: list[Batch]) -> int:
+    """One conditional upsert for ``chunk`` (distinct response ids); how many rows it wrote.
+
+    The row count (inserted + updated) rather than ``RETURNING``: on SQLite every returned row
+    is one more step of the driver's thread, and each step takes the GIL back from the streams.
+    """
     dialect = conn.dialect
     procs = _processors(dialect, _ROW_COLUMNS)
     if dialect.name == "postgresql":
@@ -143,16 +141,11 @@ async def _upsert(conn: AsyncConnection, chunk: list[Batch]) -> set[str]:
         for name, proc in zip(_ROW_VALUES, procs[1:], strict=True):
             values = [b.row[name] for b in chunk]
             columns.append(values if proc is None else [proc(v) for v in values])
-        result = await conn.exec_driver_sql(_pg_upsert(), tuple(columns))
+        return await _execute(conn, _pg_upsert(), tuple(columns))
     else:
-        params: list[Any] = []
-        extend = params.extend
         pairs = list(zip(_ROW_VALUES, procs[1:], strict=True))
-        for b in chunk:
-            row = b.row
-            extend((b.response_id, *(row[n] if p is None else p(row[n]) for n, p in pairs)))
-        result = await conn.exec_driver_sql(_sqlite_upsert(len(chunk)), tuple(params))
-    return {r[0] for r in result.all()}
+        rows = [(b.response_id, *(b.row[n] if p is None else p(b.row[n]) for n, p in pairs)) for b in chunk]
+    return await _execute(conn, _sqlite_upsert(), (orjson.dumps(rows).decode(),))
 
 
 async def _stored(conn: AsyncConnection, ids: set[str]) -> dict[str, Any]:
@@ -169,7 +162,7 @@ def _judge(batch: Batch, found: Any) -> Refusal | None:
         return None  # an older write replayed after a newer one: nothing to do
     row = batch.row
     if found.owner == batch.owner and (found.attempt, found.state_seq) >= (batch.attempt, row["state_seq"]):
-        return None  # this very write, replayed (spool, retry)
+        return None  # this very write (or, just now, this cycle's own), replayed (spool, retry)
     return Refusal(batch.response_id, batch.attempt, row["status"], found.status, found.owner)
 
 
@@ -187,18 +180,18 @@ def _upsert_tail(dialect: Dialect, distinct: str) -> str:
     return (
         f" ON CONFLICT (response_id) DO UPDATE SET {sets}, version = {t}.version + 1"
         f" WHERE {t}.status NOT IN ({sql_list(TERMINAL)}) AND ({moves_forward})"
-        " RETURNING response_id"
     )
 
 
-@lru_cache(maxsize=64)
-def _sqlite_upsert(n: int) -> str:
+@lru_cache(maxsize=1)
+def _sqlite_upsert() -> str:
     dialect = _DIALECTS["sqlite"]
     q = dialect.identifier_preparer.quote
     names = ", ".join(q(c.name) for c in _ROW_COLUMNS)
-    one = "(" + ", ".join("?" * len(_ROW_COLUMNS)) + ")"
-    return f"INSERT INTO {q(responses.name)} ({names}) VALUES {', '.join([one] * n)}" + _upsert_tail(
-        dialect, "IS NOT"
+    values = ", ".join(f"json_extract(value, '$[{i}]')" for i in range(len(_ROW_COLUMNS)))
+    return (
+        f"INSERT INTO {q(responses.name)} ({names}) SELECT {values} FROM json_each(?) WHERE true"
+        + _upsert_tail(dialect, "IS NOT")
     )
 
 
@@ -213,63 +206,104 @@ def _pg_upsert() -> str:
     )
 
 
-# -- the events ---------------------------------------------------------------------------------
+# -- events, transitions, anomalies: keyed inserts that ignore what is already there ----------
 
 
-async def _insert_events(conn: AsyncConnection, batches: Sequence[Batch]) -> None:
-    dialect = conn.dialect
+def _event_rows(dialect: Dialect, batches: Sequence[Batch]) -> list[tuple[Any, ...]]:
     at_proc = _processors(dialect, (events.c.recorded_at,))[0]
     rows: list[tuple[Any, ...]] = []
     for b in batches:
         if not b.events:
             continue
         rid = b.response_id
-        at = b.recorded_at
+        at: Any = b.recorded_at
         if at_proc is not None:
             at = at_proc(at)  # once per batch: every event of a batch shares it
         rows.extend([(rid, a, s, t, p, at) for a, s, t, p in b.events])
+    return rows
+
+
+def _dict_rows(dialect: Dialect, table: Table, rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    columns = _columns(table)
+    pairs = list(zip((c.name for c in columns), _processors(dialect, columns), strict=True))
+    return [tuple(r.get(n) if p is None else p(r.get(n)) for n, p in pairs) for r in rows]
+
+
+async def _insert(conn: AsyncConnection, table: Table, rows: list[tuple[Any, ...]]) -> None:
+    """``INSERT ... ON CONFLICT DO NOTHING`` of ``rows`` (tuples in ``_columns(table)`` order).
+
+    PostgreSQL: ``INSERT ... SELECT FROM unnest($1::type[], ...)``, one array per column, one
+    statement text whatever the count. SQLite: ``INSERT ... SELECT FROM json_each(?)``, one
+    bound value (a JSON array of rows) that SQLite unpacks in C, in the driver's thread, without
+    taking the GIL back from the streams once per row (as ``executemany`` would).
+    """
     if not rows:
         return
+    pg = conn.dialect.name == "postgresql"
     for start in range(0, len(rows), EVENTS_PER_STATEMENT):
         chunk = rows[start : start + EVENTS_PER_STATEMENT]
-        if dialect.name == "postgresql":
-            await conn.exec_driver_sql(_pg_events(), tuple(map(list, zip(*chunk, strict=True))))
+        if pg:
+            await _execute(conn, _pg_insert(table.name), tuple(map(list, zip(*chunk, strict=True))))
         else:
-            # One bound value (a JSON array of rows) instead of six a row: SQLite unpacks it in C,
-            # in the driver's thread, without taking the GIL from the streams once per row.
-            await conn.exec_driver_sql(_sqlite_events(), (orjson.dumps(chunk).decode(),))
+            await _execute(conn, _sqlite_insert(table.name), (orjson.dumps(chunk).decode(),))
 
 
-@lru_cache(maxsize=1)
-def _sqlite_events() -> str:
-    dialect = _DIALECTS["sqlite"]
-    q = dialect.identifier_preparer.quote
-    names = ", ".join(q(c.name) for c in _EVENT_COLUMNS)
-    values = ", ".join(f"json_extract(value, '$[{i}]')" for i in range(len(_EVENT_COLUMNS)))
+async def _execute(conn: AsyncConnection, sql: str, params: tuple[Any, ...]) -> int:
+    """Run one statement in the caller's transaction; the rows it changed.
+
+    On SQLite straight through aiosqlite: one hop to the driver's thread instead of three
+    (cursor, execute, close). Under load each hop waits for the GIL and a turn of the event loop.
+    Its errors are wrapped as SQLAlchemy's, so the sink tells bad data from an absent database.
+    """
+    if conn.dialect.name != "sqlite":
+        return int((await conn.exec_driver_sql(sql, params)).rowcount)
+    driver = (await conn.get_raw_connection()).driver_connection
+    assert driver is not None
+    before = driver.total_changes
+    try:
+        await driver.execute_fetchall(sql, params)
+    except sqlite3.Error as exc:
+        raise DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
+    return int(driver.total_changes - before)
+
+
+_TABLES = {t.name: t for t in (events, transitions, anomalies)}
+
+
+def _columns(table: Table) -> tuple[Column[Any], ...]:
+    # Every column but a generated key.
+    return tuple(c for c in table.columns if not (c.primary_key and c.autoincrement is True))
+
+
+@lru_cache(maxsize=4)
+def _sqlite_insert(name: str) -> str:
+    columns = _columns(_TABLES[name])
+    q = _DIALECTS["sqlite"].identifier_preparer.quote
+    names = ", ".join(q(c.name) for c in columns)
+    values = ", ".join(f"json_extract(value, '$[{i}]')" for i in range(len(columns)))
     # "WHERE true": SQLite's documented way to end an INSERT ... SELECT before ON CONFLICT.
     return (
-        f"INSERT INTO {q(events.name)} ({names}) SELECT {values} FROM json_each(?) WHERE true"
-        " ON CONFLICT DO NOTHING"
+        f"INSERT INTO {q(name)} ({names}) SELECT {values} FROM json_each(?) WHERE true ON CONFLICT DO NOTHING"
     )
 
 
-@lru_cache(maxsize=1)
-def _pg_events() -> str:
+@lru_cache(maxsize=4)
+def _pg_insert(name: str) -> str:
+    columns = _columns(_TABLES[name])
     dialect = _DIALECTS["postgresql"]
     q = dialect.identifier_preparer.quote
-    names = ", ".join(q(c.name) for c in _EVENT_COLUMNS)
-    # The payload travels as text and is parsed once, by the server (JSONB), as it would be
-    # through SQLAlchemy's JSON type.
+    names = ", ".join(q(c.name) for c in columns)
+    # JSON travels as text (the column's bind processor made it) and is parsed once, by the
+    # server, as it is through SQLAlchemy's JSON type.
+    json = [isinstance(c.type.dialect_impl(dialect), JSON) for c in columns]
     arrays = ", ".join(
-        f"${i}::{'text[]' if c.name == 'payload' else _pg_array(dialect, c)}"
-        for i, c in enumerate(_EVENT_COLUMNS, 1)
+        f"${i}::{'text[]' if j else _pg_array(dialect, c)}"
+        for i, (c, j) in enumerate(zip(columns, json, strict=True), 1)
     )
-    cols = ", ".join(f"c{i}" for i in range(len(_EVENT_COLUMNS)))
-    values = ", ".join(
-        f"c{i}::jsonb" if c.name == "payload" else f"c{i}" for i, c in enumerate(_EVENT_COLUMNS)
-    )
+    aliases = ", ".join(f"c{i}" for i in range(len(columns)))
+    values = ", ".join(f"c{i}::jsonb" if j else f"c{i}" for i, j in enumerate(json))
     return (
-        f"INSERT INTO {q(events.name)} ({names}) SELECT {values} FROM unnest({arrays}) AS u({cols})"
+        f"INSERT INTO {q(name)} ({names}) SELECT {values} FROM unnest({arrays}) AS u({aliases})"
         " ON CONFLICT DO NOTHING"
     )
 
