@@ -22,7 +22,6 @@ from typing import Any, Final, Literal, Protocol, cast
 
 from eventguard.decision import Decision, Ending, Flags, Forward, Options, decide
 from eventguard.errors import (
-    EventGuardError,
     GuardAlreadyUsed,
     IllegalTransition,
     InvalidEvent,
@@ -52,10 +51,10 @@ class CancellationSignal(Protocol):
     def is_set(self) -> bool: ...
 
 
-#: Types that leave the hot path: lifecycle events, and events with no usable type.
-_SPECIAL: Final = frozenset(LIFECYCLE_KINDS) | {None, ""}
 #: Returned by the slow path for an event that is not forwarded.
 _DROP: Final = object()
+#: Where the hot loop is, for telling the inner stream's exceptions from everyone else's.
+_PULLING, _WORKING, _HANDING_OVER = 0, 1, 2
 #: Keeps background work (a bounded final flush, a stuck inner's close) alive until it ends.
 _BACKGROUND: set[asyncio.Future[Any]] = set()
 _PRIMITIVES: Final = (str, bytes, bytearray, int, float, bool, list, tuple, set, type(None))
@@ -111,8 +110,9 @@ class Guard:
         "_flush_timeout",
         "_gen",
         "_grace",
+        "_hot",
+        "_iterator",
         "_n",
-        "_next",
         "_options",
         "_pending",
         "_rec",
@@ -156,7 +156,7 @@ class Guard:
         if cancel_grace is not None and cancel_grace < 0:
             raise ValueError("cancel_grace must be None or >= 0")
         iterator: AsyncIterator[Any] = aiter_()
-        self._next: Callable[[], Awaitable[Any]] = iterator.__anext__
+        self._iterator = iterator
         self._closer = _closer_for(stream, iterator)
         self._signal = cancellation_signal
         self._context = context
@@ -182,6 +182,7 @@ class Guard:
         self._used = False
         self._n = 0
         self._slow = False
+        self._hot: set[str] = set()
         self._terminal_seen = False
         self._finished = False
         self._snapshot: dict[str, Any] | None = None
@@ -234,55 +235,70 @@ class Guard:
         await self._finish()
 
     async def _run(self) -> AsyncGenerator[Any, None]:
-        """The hot loop. Its only ``yield`` statements hand one event over; nothing around them
-        catches anything (PEP 789): a close or a throw at a ``yield`` goes straight through."""
+        """The hot loop: for an output or delta event, one subscript, one set lookup, a counter.
+
+        ``phase`` says where an exception came from, so that only the inner stream's own
+        exceptions are treated as its ending: one thrown in at a ``yield`` (``aclose()``,
+        ``athrow()``) or raised by the guard itself goes straight through, untouched.
+        """
         self._used = True
         if self._grace is not None:
             # The task that iterates the guard; the watchdog interrupts only this task's await.
             self._task = asyncio.current_task()
             self._watchdog = asyncio.get_running_loop().create_task(self._watch(self._grace))
-        next_ = self._next
         rec = self._rec
-        special_types = _SPECIAL
+        # Plain str types already seen to need nothing but forwarding; emptied (see _go_slow) once
+        # every event must take the slow path: after the terminal, or when the guard is ending.
+        hot = self._hot
         n = self._n
+        phase = _PULLING
+        final: Any = _DROP
         try:
-            while True:
+            async for event in self._iterator:
+                phase = _WORKING
                 try:
-                    event = await next_()
-                except BaseException as exc:
+                    etype = event["type"]
+                    is_hot = etype in hot
+                except Exception:  # not a dict, no "type", an unhashable type: look closer
+                    etype = getattr(event, "type", None)
+                    is_hot = etype.__class__ is str and etype in hot
+                if not is_hot:
                     self._n = n
-                    out = await self._on_inner_exit(exc)
-                    if out is not _DROP:
-                        yield out
-                    return
-                etype = event.get("type") if type(event) is dict else getattr(event, "type", None)
-                # Only a plain str type that is not a lifecycle type takes the hot path; anything
-                # else (None, "", a number, a tuple, an unhashable value) is for the slow path.
-                if etype.__class__ is not str or etype in special_types or self._slow:
-                    self._n = n
-                    try:
-                        out = self._slow_event(event)
-                    except EventGuardError as exc:  # strict mode: end, then let the caller see why
-                        self._n = n
-                        await self._on_raised(exc, Ending.RAISED)
-                        raise
+                    out = self._slow_event(event)
                     n = self._n
                     if self._stop_after:
                         await self._finish(close_inner=False)
-                        if out is not _DROP:
-                            yield out
-                        return
+                        final = out
+                        break
                     if out is _DROP:
+                        phase = _PULLING
                         continue
+                    phase = _HANDING_OVER
                     yield out
+                    phase = _PULLING
                     continue
                 if rec is not None:
                     rec.event(n, etype, event)
                 n += 1
+                phase = _HANDING_OVER
                 yield event
-        finally:
-            if not self._slow:
+                phase = _PULLING
+            else:
                 self._n = n
+                final = await self._on_inner_exit(StopAsyncIteration())
+        except BaseException as exc:
+            self._n = max(self._n, n)
+            if phase == _HANDING_OVER:
+                raise  # thrown in by the consumer at a yield: not the inner stream's ending
+            if phase == _WORKING:
+                # The guard's own error (strict mode's InvalidEvent, say): end, then let it through.
+                await self._on_raised(exc, Ending.RAISED)
+                raise
+            final = await self._on_inner_exit(exc)  # re-raises all but our own stuck-stream cancel
+        finally:
+            self._n = max(self._n, n)
+        if final is not _DROP:
+            yield final
 
     async def _finish(self, *, close_inner: bool = True) -> None:
         """Idempotent end: stop the watchdog, close the inner stream, then flush the recorder."""
@@ -290,7 +306,7 @@ class Guard:
             return
         self._settle()
         self._finished = True
-        self._slow = True
+        self._go_slow()
         self.lifecycle.events_forwarded = self._n
         watchdog = self._watchdog
         if watchdog is not None and watchdog is not asyncio.current_task():
@@ -307,6 +323,11 @@ class Guard:
         self.inner_closed += 1
         if self._closer is not None:
             await self._closer()
+
+    def _go_slow(self) -> None:
+        """From now on every event takes the slow path."""
+        self._slow = True
+        self._hot.clear()
 
     def _close_inner_in_background(self) -> None:
         # The inner stream ignored the signal: closing it could block as long as it likes, so the
@@ -457,6 +478,8 @@ class Guard:
             return self._on_terminal(event, etype)
         if kind_ is not None:
             self._on_lifecycle_event(event, etype, kind_)
+        elif type(etype) is str and not self._slow:
+            self._hot.add(etype)  # an output or delta type: the hot path forwards it from now on
         return self._forward(event, etype)
 
     def _forward(self, event: Any, etype: str | None) -> Any:
@@ -547,7 +570,7 @@ class Guard:
         lc = self.lifecycle
         flags = self._flags()  # at this moment, not later: see the README
         self._terminal_seen = True
-        self._slow = True
+        self._go_slow()
         try:
             parsed = parse_lifecycle_event(event)
         except LifecycleEventError as exc:
@@ -613,7 +636,7 @@ class Guard:
         else:
             response["error"] = {"code": code, "message": message or code}
         self._terminal_seen = True
-        self._slow = True
+        self._go_slow()
         return {"type": "response.failed", "response": response}
 
     def _anomaly(
@@ -668,7 +691,7 @@ class Guard:
             # and take the cancel back when it reaches the guard (see _on_cancelled).
             self._cancelling_before = task.cancelling()
             self._stuck_sent = True
-            self._slow = True
+            self._go_slow()
             task.cancel(msg=_STUCK_MESSAGE)
             return
         flags = self._flags()
