@@ -53,8 +53,6 @@ class CancellationSignal(Protocol):
 
 #: Returned by the slow path for an event that is not forwarded.
 _DROP: Final = object()
-#: Where the hot loop is, for telling the inner stream's exceptions from everyone else's.
-_PULLING, _WORKING, _HANDING_OVER = 0, 1, 2
 #: Keeps background work (a bounded final flush, a stuck inner's close) alive until it ends.
 _BACKGROUND: set[asyncio.Future[Any]] = set()
 _PRIMITIVES: Final = (str, bytes, bytearray, int, float, bool, list, tuple, set, type(None))
@@ -240,6 +238,8 @@ class Guard:
         ``phase`` says where an exception came from, so that only the inner stream's own
         exceptions are treated as its ending: one thrown in at a ``yield`` (``aclose()``,
         ``athrow()``) or raised by the guard itself goes straight through, untouched.
+        Its values are literals, not named constants, because a global lookup per event shows
+        in the benchmark: 0 pulling from the inner stream, 1 working on an event, 2 handing over.
         """
         self._used = True
         if self._grace is not None:
@@ -251,11 +251,11 @@ class Guard:
         # every event must take the slow path: after the terminal, or when the guard is ending.
         hot = self._hot
         n = self._n
-        phase = _PULLING
+        phase = 0
         final: Any = _DROP
         try:
             async for event in self._iterator:
-                phase = _WORKING
+                phase = 1
                 try:
                     etype = event["type"]
                     is_hot = etype in hot
@@ -271,26 +271,26 @@ class Guard:
                         final = out
                         break
                     if out is _DROP:
-                        phase = _PULLING
+                        phase = 0
                         continue
-                    phase = _HANDING_OVER
+                    phase = 2
                     yield out
-                    phase = _PULLING
+                    phase = 0
                     continue
                 if rec is not None:
                     rec.event(n, etype, event)
                 n += 1
-                phase = _HANDING_OVER
+                phase = 2
                 yield event
-                phase = _PULLING
+                phase = 0
             else:
                 self._n = n
                 final = await self._on_inner_exit(StopAsyncIteration())
         except BaseException as exc:
             self._n = max(self._n, n)
-            if phase == _HANDING_OVER:
+            if phase == 2:
                 raise  # thrown in by the consumer at a yield: not the inner stream's ending
-            if phase == _WORKING:
+            if phase == 1:
                 # The guard's own error (strict mode's InvalidEvent, say): end, then let it through.
                 await self._on_raised(exc, Ending.RAISED)
                 raise
