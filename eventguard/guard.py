@@ -203,7 +203,9 @@ class Guard:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.aclose()
+        # The body of ``async with`` ended: a cancel thrown into the host's handler (a foreground
+        # disconnect with store=false) is a cancel, not a consumer that walked away.
+        await self._close(_exit_ending(exc))
 
     def __aiter__(self) -> AsyncGeneratorType[Any, None]:
         # ``async for`` drives the guard's own async generator directly: no extra layer per event.
@@ -219,17 +221,28 @@ class Guard:
         return self.__aiter__().__anext__()
 
     async def aclose(self) -> None:
-        """End the guard: close the inner stream once, record the ending, flush. Again: a no-op."""
+        """End the guard: close the inner stream once, record the ending, flush. Again: a no-op.
+
+        Like an async generator's, it must not be called while another task is inside a step of
+        the guard: that raises ``RuntimeError`` and changes nothing.
+        """
+        await self._close(Ending.CLOSED_EARLY)
+
+    async def _close(self, ending: Ending) -> None:
         self._used = True
         gen = self._gen
-        if gen is not None and gen.ag_await is None and not gen.ag_running:
+        if gen is not None and gen.ag_await is not None:
+            if self._finished:
+                return
+            raise RuntimeError("aclose(): the guard is in the middle of a step in another task")
+        if gen is not None and not gen.ag_running:
             # Suspended between events (or never started): end our generator first, in this call.
             await gen.aclose()
         if self._finished:
             return
         self._settle()
         if not self.lifecycle.ended:
-            self._apply(decide(Ending.CLOSED_EARLY, self._flags(), self._options))
+            self._apply(decide(ending, self._flags(), self._options))
         await self._finish()
 
     async def _run(self) -> AsyncGenerator[Any, None]:
@@ -687,12 +700,35 @@ class Guard:
             task = self._task
             if task is None or task.done():
                 return
+            if task.cancelling() > 0:
+                # A cancel is already on its way to that await (a timeout, the host): it ends the
+                # wait anyway, and ours could not be told apart from it when it arrives.
+                return
             # Stuck in the inner stream's await: cancel just that await, as asyncio.timeout does,
-            # and take the cancel back when it reaches the guard (see _on_cancelled).
+            # and take the cancel back when it reaches the guard (see _on_inner_exit).
             self._cancelling_before = task.cancelling()
             self._stuck_sent = True
             self._go_slow()
             task.cancel(msg=_STUCK_MESSAGE)
+            await asyncio.sleep(grace)
+            if self._finished or self._stuck_handled or gen.ag_await is None:
+                return
+            # The inner stream swallowed the cancel and is waiting again. Nothing short of running
+            # every pull in a task of its own (a cost on every event) can end that wait; record the
+            # ending now, and give the task back the cancel count it had.
+            self._stuck_handled = True
+            if task.cancelling() > self._cancelling_before:
+                task.uncancel()
+            self.lifecycle.note(
+                AnomalyKind.STUCK,
+                f"{_STUCK_MESSAGE}; it swallowed the cancel and is still waiting: ending recorded "
+                "without it, the consumer stays blocked until the inner stream returns",
+                event_index=self._n,
+            )
+            self._settle()
+            if not self.lifecycle.terminal:
+                self._apply(decide(Ending.STUCK, self._flags(), self._options))
+            log.warning("eventguard: %s", _STUCK_MESSAGE + " and swallowed the cancel")
             return
         flags = self._flags()
         if flags.client_cancelled or flags.shutdown:
@@ -778,6 +814,15 @@ def _closer_for(stream: object, iterator: object) -> Callable[[], Awaitable[Any]
             await closers[1]()
 
     return close_both
+
+
+def _exit_ending(exc: BaseException | None) -> Ending:
+    """How an ``async with guard(...)`` body's exception ends a stream the guard had not finished."""
+    if exc is None or isinstance(exc, GeneratorExit):
+        return Ending.CLOSED_EARLY
+    if isinstance(exc, asyncio.CancelledError):
+        return Ending.RAISED_CANCELLED
+    return Ending.RAISED if isinstance(exc, Exception) else Ending.RAISED_BASE
 
 
 async def _empty() -> AsyncGenerator[Any, None]:
