@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from eventguard.lifecycle import Lifecycle
+from eventguard.lifecycle import AnomalyKind, Lifecycle
 from eventguard.sink.batch import Batch
-from eventguard.sink.serialise import JSON_OPTIONS, encode
-from eventguard.sink.tables import TERMINAL
+from eventguard.sink.serialise import JSON_OPTIONS, NUL, encode
+from eventguard.sink.tables import TERMINAL, TYPE_LENGTH
 
 if TYPE_CHECKING:
     from eventguard.sink.sink import SqlSink
@@ -204,13 +204,27 @@ class SqlRecorder:
         dumps = orjson.dumps
         for i in range(start, stop):
             attempt, seq, etype, ev = raw[i]
+            if etype is not None and len(etype) > TYPE_LENGTH:
+                # The type column is bounded; the payload keeps the whole type, the column a prefix.
+                batch.anomalies.append(
+                    self._sink_anomaly(
+                        batch.response_id,
+                        attempt,
+                        AnomalyKind.PAYLOAD_TRUNCATED.value,
+                        f"event type of {len(etype)} characters stored as its first {TYPE_LENGTH}",
+                        at,
+                        None,
+                        seq,
+                    )
+                )
+                etype = etype[:TYPE_LENGTH]
             if redact is None and type(ev) is dict:
                 try:
                     data = dumps(ev, option=JSON_OPTIONS)
                 except TypeError:  # orjson.JSONEncodeError included: the full path says why
                     pass
                 else:
-                    if len(data) <= max_bytes:
+                    if len(data) <= max_bytes and NUL not in data:
                         append((attempt, seq, etype, data.decode()))
                         continue
             enc = encode(ev, etype, max_bytes=max_bytes, redact=redact)

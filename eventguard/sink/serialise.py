@@ -83,6 +83,12 @@ def encode(
     if fallbacks:
         kinds = ", ".join(sorted(set(fallbacks)))
         problems.append((AnomalyKind.NOT_SERIALISABLE, f"values of type {kinds} stored as strings"))
+    if NUL in data:
+        # PostgreSQL's jsonb cannot hold U+0000, and one such event must not block a whole write.
+        data = orjson.dumps(_without_nul(orjson.loads(data)), option=JSON_OPTIONS)
+        problems.append(
+            (AnomalyKind.NOT_SERIALISABLE, "NUL characters (U+0000) stored as U+FFFD: jsonb cannot hold them")
+        )
 
     if len(data) > max_bytes:
         size = len(data)
@@ -95,6 +101,21 @@ def encode(
             (AnomalyKind.PAYLOAD_TRUNCATED, f"payload of {size} bytes exceeds the {max_bytes} limit")
         )
     return Encoded(PreSerialised(data.decode()), problems)
+
+
+#: How orjson writes U+0000 inside a JSON string.
+NUL = b"\\u0000"
+
+
+def _without_nul(value: Any) -> Any:
+    """``value`` with every U+0000 in its strings (keys included) replaced by U+FFFD."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    return value
 
 
 def encode_value(value: object) -> PreSerialised | None:

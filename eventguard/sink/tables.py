@@ -53,6 +53,8 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 Payload = JSON().with_variant(JSONB(), "postgresql")
 TS = DateTime(timezone=True)
 ID = String(255)
+#: The longest event type the type column holds; a longer one is stored cut, with an anomaly.
+TYPE_LENGTH = 128
 
 metadata = MetaData(
     naming_convention={
@@ -123,7 +125,7 @@ events = Table(
     Column("attempt", Integer, nullable=False),
     # The guard's index of the event within the attempt: gaps mean the filter dropped events.
     Column("seq", Integer, nullable=False),
-    Column("type", String(128)),
+    Column("type", String(TYPE_LENGTH)),
     Column("payload", Payload, nullable=False),
     Column("recorded_at", TS, nullable=False),
     # Writing the same event twice (a retry, a spool replay) hits this key and does nothing.

@@ -177,9 +177,16 @@ def _upsert_tail(dialect: Dialect, distinct: str) -> str:
         f"{t}.owner {distinct} excluded.owner OR {t}.attempt < excluded.attempt"
         f" OR ({t}.attempt = excluded.attempt AND {t}.state_seq <= excluded.state_seq)"
     )
+    # An interrupted row (the guard's own, or recover()'s verdict on a dead writer) moves on only
+    # to a terminal or to a recovered attempt: a stale in-progress write (a dead writer's spool,
+    # replayed later) must not bring it back to life.
+    leaves_interrupted = (
+        f"{t}.status <> 'interrupted' OR excluded.status IN ({sql_list(TERMINAL)})"
+        f" OR {t}.attempt < excluded.attempt"
+    )
     return (
         f" ON CONFLICT (response_id) DO UPDATE SET {sets}, version = {t}.version + 1"
-        f" WHERE {t}.status NOT IN ({sql_list(TERMINAL)}) AND ({moves_forward})"
+        f" WHERE {t}.status NOT IN ({sql_list(TERMINAL)}) AND ({moves_forward}) AND ({leaves_interrupted})"
     )
 
 
