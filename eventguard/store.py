@@ -87,7 +87,11 @@ class ResponseStore:
         """Ended responses (terminal or interrupted), oldest row first, ``limit`` per page.
 
         ``since``/``until`` bound ``finished_at`` (until is exclusive). The cursor ``after`` is the
-        row key (``pk``), monotonic in insertion order, so pages never repeat or skip a row.
+        row key (``pk``), monotonic in insertion order: paging through the responses that had
+        ended when the first page was read never repeats or skips a row. It is not a feed of new
+        endings: ``pk`` is given when a response starts, so one that ends later can sit behind the
+        cursor. To follow endings as they happen, poll with ``since=`` the last ``finished_at``
+        seen (minus a little, for concurrent writers) and skip ids already read.
         """
         wanted = _statuses(status, allowed=ENDED) if status is not None else ENDED
         r = responses.c
