@@ -86,15 +86,21 @@ class SqlRecorder:
             self._sink._note_close(self)
         if self._done.done():
             return
-        try:
-            async with asyncio.timeout(self._sink.close_timeout):
-                await asyncio.shield(self._done)
-        except TimeoutError:
-            # The writer is stuck on the database: keep the data locally instead of waiting.
-            self._sink._spool_now(self, "the final flush timed out")
-        except asyncio.CancelledError:
-            self._sink._spool_now(self, "the final flush was cancelled")
-            raise
+        sink = self._sink
+        while True:
+            try:
+                async with asyncio.timeout(sink.close_timeout):
+                    await asyncio.shield(self._done)
+                return
+            except TimeoutError:
+                if sink.progressed_within(sink.close_timeout):
+                    continue  # busy, not stuck: the writer is getting through a backlog
+                # The writer is stuck on the database: keep the data locally instead of waiting.
+                sink._spool_now(self, "the final flush timed out")
+                return
+            except asyncio.CancelledError:
+                sink._spool_now(self, "the final flush was cancelled")
+                raise
 
     # -- writer side -------------------------------------------------------------------------
     def has_work(self) -> bool:

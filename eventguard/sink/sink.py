@@ -138,6 +138,8 @@ class SqlSink:
         self._closed = False
         self._outage: str | None = None
         self._retry_at = 0.0
+        #: When the writer last got on with its work (monotonic): tells a busy writer from a stuck one.
+        self._progress_at = 0.0
         self._backoff = 0.5
 
     def _default_spool(self) -> Path:
@@ -257,6 +259,11 @@ class SqlSink:
         self._buffered = sum(len(rec.pending) for rec in self._work)
         self._to_spool(batches, None)
 
+    def progressed_within(self, seconds: float) -> bool:
+        """Whether the writer got on with its work (a serialising step, a write that reached the
+        database) in the last ``seconds``: busy with a backlog, not stuck on the database."""
+        return time.monotonic() - self._progress_at < seconds
+
     def _spool_now(self, rec: SqlRecorder, why: str) -> None:
         batch = rec.collect()
         batches = [*rec.inflight, *([batch] if batch is not None else [])]
@@ -351,6 +358,7 @@ class SqlSink:
             while rec.encode_some(batch, _ENCODE_CHUNK):
                 now = clock()
                 if now - started >= budget:
+                    self._progress_at = time.monotonic()
                     await asyncio.sleep(0)
                     started = clock()
                     budget = max(_STEP_FLOOR, (started - now) * _STEP_SHARE)
@@ -360,6 +368,7 @@ class SqlSink:
             batch.serialise()  # no-op unless the caller skipped _serialise
         async with self.engine.begin() as conn:
             refusals = await write(conn, batches)
+        self._progress_at = time.monotonic()
         self.stats.batches_written += len(batches)
         self.stats.events_written += sum(len(b.events) for b in batches)
         return refusals
