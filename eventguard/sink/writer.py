@@ -9,8 +9,10 @@ read back and judged one by one, as before. A status change the database refuses
 
 Each statement binds a fixed number of values whatever its row count: one JSON array unpacked by
 ``json_each`` on SQLite (in C, in the driver's thread, without taking the GIL back from the streams
-once per row), one array per column through ``unnest`` on PostgreSQL. Values go through the
-column types' own bind processors, so what is stored is exactly what SQLAlchemy would store.
+once per row), one array per column through ``unnest`` on PostgreSQL. Events on PostgreSQL take
+the driver's binary COPY into a session's TEMP table instead, then one keyed insert from it
+(``unnest`` again with ``pooler_safe``). Values go through the column types' own bind processors,
+so what is stored is exactly what SQLAlchemy would store.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, WeakSet
 
 import orjson
 from sqlalchemy import JSON, Column, Table, select
@@ -29,6 +31,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.pool import NullPool
 
 from eventguard.lifecycle import AnomalyKind
 from eventguard.sink.batch import Batch
@@ -75,6 +78,8 @@ async def write(conn: AsyncConnection, batches: Sequence[Batch]) -> list[Refusal
 
     The batches' events must be serialised already (:meth:`Batch.serialise`).
     """
+    # Before the first statement: SQLAlchemy has not begun the transaction yet.
+    stage = await _events_stage(conn)
     refusals: list[Refusal] = []
     extra_anomalies: list[dict[str, Any]] = []
     kept_transitions: list[dict[str, Any]] = []
@@ -89,7 +94,10 @@ async def write(conn: AsyncConnection, batches: Sequence[Batch]) -> list[Refusal
         if batch.refusal_idx is not None:
             extra_anomalies.append(_refusal_anomaly(batch, refusal, refused))
     # Children after their rows (foreign keys); one statement per table (per chunk) per cycle.
-    await _insert(conn, events, _event_rows(conn.dialect, batches))
+    if stage is not None:
+        await _copy_events(conn, stage, batches)
+    else:
+        await _insert(conn, events, _event_rows(conn.dialect, batches))
     await _insert(conn, transitions, _dict_rows(conn.dialect, transitions, kept_transitions))
     found = [a for b in batches for a in b.anomalies] + extra_anomalies
     await _insert(conn, anomalies, _dict_rows(conn.dialect, anomalies, found))
@@ -277,6 +285,97 @@ async def _execute(conn: AsyncConnection, sql: str, params: tuple[Any, ...]) -> 
 _TABLES = {t.name: t for t in (events, transitions, anomalies)}
 
 
+# -- events on PostgreSQL: COPY into a session's staging table, then one keyed insert --------
+
+#: The staging table: a TEMP table of the session, emptied by every commit.
+_STAGE = "eventguard_events_stage"
+#: The asyncpg connections (server sessions) that hold the staging table.
+_STAGED: WeakSet[Any] = WeakSet()
+
+
+async def _events_stage(conn: AsyncConnection) -> Any:
+    """The asyncpg connection to COPY events through, or None for the ``unnest`` insert.
+
+    Events on PostgreSQL go through the driver's binary COPY (``copy_records_to_table``) into a
+    session-local TEMP table (``ON COMMIT DELETE ROWS``), then ``INSERT INTO events SELECT ...
+    ON CONFLICT DO NOTHING``, in the caller's transaction: COPY itself cannot skip the rows
+    already there, and the array encoder that ``unnest`` needs costs far more per event.
+
+    The table is created once per server session, in autocommit before the caller's
+    transaction begins, so that transaction's rollback cannot take it away. Not with a
+    ``NullPool`` (``pooler_safe``): a transaction-mode pooler hands each transaction any server
+    session, and without a pool each write would create the table again.
+    """
+    if conn.dialect.name != "postgresql" or isinstance(conn.engine.pool, NullPool):
+        return None
+    raw = await conn.get_raw_connection()
+    driver = raw.driver_connection
+    if driver is None:
+        return None
+    if driver in _STAGED:
+        return driver
+    if driver.is_in_transaction():
+        return None  # created inside a transaction, a rollback would drop it: next time
+    sql = _pg_stage_ddl()
+    await _driver_call(conn, sql, driver.execute(sql))
+    _STAGED.add(driver)
+    return driver
+
+
+async def _copy_events(conn: AsyncConnection, driver: Any, batches: Sequence[Batch]) -> None:
+    if not any(b.events for b in batches):
+        return
+    at_proc = _processors(conn.dialect, (events.c.recorded_at,))[0]
+    # Rows made as COPY takes them: no list of every event's tuple, held until the end.
+    records = (
+        (b.response_id, a, s, t, p, b.recorded_at if at_proc is None else at_proc(b.recorded_at))
+        for b in batches
+        for a, s, t, p in b.events
+    )
+    names = [c.name for c in _columns(events)]
+    copy = driver.copy_records_to_table(_STAGE, records=records, columns=names, schema_name="pg_temp")
+    await _driver_call(conn, f"COPY pg_temp.{_STAGE}", copy)
+    sql = _pg_from_stage()
+    await _driver_call(conn, sql, driver.execute(sql))
+
+
+async def _driver_call(conn: AsyncConnection, sql: str, call: Any) -> Any:
+    """Await a call on the asyncpg connection itself, its errors wrapped as SQLAlchemy's."""
+    dbapi = conn.dialect.loaded_dbapi
+    try:
+        return await call
+    except Exception as exc:
+        adapted = (await conn.get_raw_connection()).dbapi_connection
+        try:
+            adapted._handle_exception(exc)  # type: ignore[union-attr]  # raises it translated
+        except dbapi.Error as translated:
+            raise DBAPIError.instance(sql, None, translated, dbapi.Error) from exc
+        raise
+
+
+@lru_cache(maxsize=1)
+def _pg_stage_ddl() -> str:
+    dialect = _DIALECTS["postgresql"]
+    q = dialect.identifier_preparer.quote
+    # JSON as text: asyncpg's text codec is in C, SQLAlchemy's jsonb codec is a Python call per
+    # event. The server parses it once, in the insert below, as it does for the unnest insert.
+    columns = ", ".join(
+        f"{q(c.name)} {'text' if _is_json(c) else c.type.compile(dialect=dialect)}" for c in _columns(events)
+    )
+    return f"CREATE TEMP TABLE IF NOT EXISTS {_STAGE} ({columns}) ON COMMIT DELETE ROWS"
+
+
+@lru_cache(maxsize=1)
+def _pg_from_stage() -> str:
+    q = _DIALECTS["postgresql"].identifier_preparer.quote
+    columns = _columns(events)
+    names = ", ".join(q(c.name) for c in columns)
+    values = ", ".join(f"{q(c.name)}::jsonb" if _is_json(c) else q(c.name) for c in columns)
+    # The commit empties the table; until then a second pass would only find its rows stored.
+    stage = f"pg_temp.{_STAGE}"
+    return f"INSERT INTO {q(events.name)} ({names}) SELECT {values} FROM {stage} ON CONFLICT DO NOTHING"
+
+
 def _columns(table: Table) -> tuple[Column[Any], ...]:
     # Every column but a generated key.
     return tuple(c for c in table.columns if not (c.primary_key and c.autoincrement is True))
@@ -316,6 +415,10 @@ def _pg_insert(name: str) -> str:
 
 
 # -- helpers ------------------------------------------------------------------------------------
+
+
+def _is_json(column: Column[Any]) -> bool:
+    return isinstance(column.type.dialect_impl(_DIALECTS["postgresql"]), JSON)
 
 
 def _pg_array(dialect: Dialect, column: Column[Any]) -> str:
