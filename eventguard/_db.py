@@ -85,6 +85,7 @@ def create_engine(
     busy_timeout_ms: int = 30_000,
     pooler_safe: bool = False,
     connect_timeout: float = 10.0,
+    statement_timeout: float | None = 60.0,
     application_name: str = "eventguard",
     pool_size: int = 5,
     echo: bool = False,
@@ -96,8 +97,9 @@ def create_engine(
     transaction, so the write lock is taken up front, where the busy handler applies, rather
     than on the first write, where a read->write upgrade fails with "database is locked".
     PostgreSQL: ``pool_pre_ping`` (replicas outlive server restarts), an optional ``schema``
-    (a ``search_path``), and ``pooler_safe`` for PgBouncer-style poolers, which cannot keep
-    server-side prepared statements across transactions.
+    (a ``search_path``), a ``statement_timeout`` (a stuck write fails, so the sink spools it),
+    and ``pooler_safe`` for PgBouncer-style poolers, which cannot keep server-side prepared
+    statements across transactions.
     """
     kwargs: dict[str, Any] = {
         "echo": echo,
@@ -122,6 +124,12 @@ def create_engine(
     if schema is not None:
         settings["search_path"] = schema
     connect_args: dict[str, Any] = {"timeout": connect_timeout, "server_settings": settings}
+    if statement_timeout is not None:
+        # A statement stuck behind a lock, or on a server that went silent, fails instead of
+        # waiting for ever: the server's statement_timeout, and the driver's own command_timeout
+        # (which a pooler cannot swallow) a little later as a backstop.
+        settings["statement_timeout"] = str(max(1, int(statement_timeout * 1000)))
+        connect_args["command_timeout"] = statement_timeout + 5.0
     if pooler_safe:
         # SQLAlchemy's asyncpg docs: no statement caches and unique statement names, because
         # a transaction-mode pooler may hand each transaction a different server connection.

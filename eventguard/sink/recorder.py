@@ -93,10 +93,13 @@ class SqlRecorder:
                     await asyncio.shield(self._done)
                 return
             except TimeoutError:
-                if sink.progressed_within(sink.close_timeout):
-                    continue  # busy, not stuck: the writer is getting through a backlog
-                # The writer is stuck on the database: keep the data locally instead of waiting.
-                sink._spool_now(self, "the final flush timed out")
+                if sink.writing():
+                    # Busy, not lost: the database bounds a stuck statement (busy_timeout on
+                    # SQLite, statement_timeout on PostgreSQL) and the writer spools what fails.
+                    # A writer behind a backlog (a thousand streams) is left to catch up rather
+                    # than have its data moved out of the database into the spool.
+                    continue
+                sink._spool_now(self, "the final flush timed out and the writer is gone")
                 return
             except asyncio.CancelledError:
                 sink._spool_now(self, "the final flush was cancelled")

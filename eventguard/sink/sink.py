@@ -104,6 +104,7 @@ class SqlSink:
         spool_path: str | os.PathLike[str] | None = None,
         close_timeout: float = 5.0,
         busy_timeout: float = 30.0,
+        statement_timeout: float | None = 60.0,
         connect_timeout: float = 10.0,
         pooler_safe: bool = False,
         auto_migrate: bool | None = None,
@@ -125,6 +126,7 @@ class SqlSink:
         self.spool = Spool(Path(spool_path) if spool_path is not None else self._default_spool())
         self.stats = SinkStats()
         self._busy_timeout = busy_timeout
+        self._statement_timeout = statement_timeout
         self._connect_timeout = connect_timeout
         self._pooler_safe = pooler_safe
         self._engine: AsyncEngine | None = None
@@ -138,8 +140,6 @@ class SqlSink:
         self._closed = False
         self._outage: str | None = None
         self._retry_at = 0.0
-        #: When the writer last got on with its work (monotonic): tells a busy writer from a stuck one.
-        self._progress_at = 0.0
         self._backoff = 0.5
 
     def _default_spool(self) -> Path:
@@ -161,6 +161,7 @@ class SqlSink:
                 busy_timeout_ms=int(self._busy_timeout * 1000),
                 pooler_safe=self._pooler_safe,
                 connect_timeout=self._connect_timeout,
+                statement_timeout=self._statement_timeout,
                 application_name=f"eventguard {self.owner}",
             )
         return self._engine
@@ -259,10 +260,9 @@ class SqlSink:
         self._buffered = sum(len(rec.pending) for rec in self._work)
         self._to_spool(batches, None)
 
-    def progressed_within(self, seconds: float) -> bool:
-        """Whether the writer got on with its work (a serialising step, a write that reached the
-        database) in the last ``seconds``: busy with a backlog, not stuck on the database."""
-        return time.monotonic() - self._progress_at < seconds
+    def writing(self) -> bool:
+        """Whether the writer task is alive: it will store, or spool, what it was given."""
+        return self._task is not None and not self._task.done()
 
     def _spool_now(self, rec: SqlRecorder, why: str) -> None:
         batch = rec.collect()
@@ -358,7 +358,6 @@ class SqlSink:
             while rec.encode_some(batch, _ENCODE_CHUNK):
                 now = clock()
                 if now - started >= budget:
-                    self._progress_at = time.monotonic()
                     await asyncio.sleep(0)
                     started = clock()
                     budget = max(_STEP_FLOOR, (started - now) * _STEP_SHARE)
@@ -368,7 +367,6 @@ class SqlSink:
             batch.serialise()  # no-op unless the caller skipped _serialise
         async with self.engine.begin() as conn:
             refusals = await write(conn, batches)
-        self._progress_at = time.monotonic()
         self.stats.batches_written += len(batches)
         self.stats.events_written += sum(len(b.events) for b in batches)
         return refusals

@@ -182,8 +182,10 @@ async def test_postgres_connection_killed_mid_stream(pg_target: Target) -> None:
 
 
 @pytest.mark.postgres
-async def test_postgres_stuck_write_spools_at_close_timeout(pg_target: Target) -> None:
-    sink = SqlSink(pg_target.url, schema=pg_target.schema, spool_path=pg_target.spool, close_timeout=0.5)
+async def test_postgres_stuck_write_spools_at_statement_timeout(pg_target: Target) -> None:
+    sink = SqlSink(
+        pg_target.url, schema=pg_target.schema, spool_path=pg_target.spool, statement_timeout=0.5
+    )
     evs = script("resp_stuck", n_deltas=8)
     async with asyncio.timeout(60):
         await sink.start()
@@ -193,7 +195,7 @@ async def test_postgres_stuck_write_spools_at_close_timeout(pg_target: Target) -
         await blocker.execute("LOCK TABLE eventguard_events IN ACCESS EXCLUSIVE MODE")
         seen = await _drive(sink, evs, {})
         assert seen == evs
-        assert pg_target.spool.exists()  # close() gave up waiting and kept the data locally
+        assert pg_target.spool.exists()  # the stuck write failed at statement_timeout: kept locally
         await tx.rollback()
         await blocker.close()
         await sink.flush()
