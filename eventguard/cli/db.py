@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 import typer
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from eventguard import _db
 from eventguard.cli._common import (
@@ -19,6 +22,28 @@ from eventguard.cli._common import (
     run,
 )
 from eventguard.sink import migrate as _migrate
+
+Revisions = tuple[str, ...]
+
+
+async def _move(
+    url: URL,
+    step: Callable[[AsyncEngine, str], Awaitable[None]],
+    revision: str,
+    *,
+    skip_empty: bool = False,
+) -> tuple[Revisions, Revisions]:
+    """Apply one migration step; the revisions before and after it."""
+    engine = _db.create_engine(url)
+    try:
+        before = await _migrate.current_revision(engine)
+        if skip_empty and not before:
+            return before, before  # nothing to downgrade: an empty database stays empty
+        await step(engine, revision)
+        return before, await _migrate.current_revision(engine)
+    finally:
+        await engine.dispose()
+
 
 app = typer.Typer(
     help="Create, upgrade, downgrade or inspect the eventguard schema.",
@@ -37,17 +62,8 @@ def upgrade(
     """Create the schema, or upgrade it to this eventguard's version (idempotent)."""
     url = resolve(database_url)
 
-    async def work() -> tuple[tuple[str, ...], tuple[str, ...]]:
-        engine = _db.create_engine(url)
-        try:
-            before = await _migrate.current_revision(engine)
-            await _migrate.upgrade(engine, revision)
-            return before, await _migrate.current_revision(engine)
-        finally:
-            await engine.dispose()
-
     with errors(url):
-        before, after = run(work)
+        before, after = run(lambda: _move(url, _migrate.upgrade, revision))
     if json:
         emit_json({"database_url": _db.safe_url(url), "before": list(before), "after": list(after)})
         return
@@ -70,19 +86,8 @@ def downgrade(
     url = resolve(database_url)
     ensure_exists(url)
 
-    async def work() -> tuple[tuple[str, ...], tuple[str, ...]]:
-        engine = _db.create_engine(url)
-        try:
-            before = await _migrate.current_revision(engine)
-            if not before:
-                return before, before
-            await _migrate.downgrade(engine, revision)
-            return before, await _migrate.current_revision(engine)
-        finally:
-            await engine.dispose()
-
     with errors(url):
-        before, after = run(work)
+        before, after = run(lambda: _move(url, _migrate.downgrade, revision, skip_empty=True))
     if json:
         emit_json({"database_url": _db.safe_url(url), "before": list(before), "after": list(after)})
         return
