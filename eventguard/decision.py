@@ -49,8 +49,6 @@ class Flags:
     signal: bool = False
     client_cancelled: bool = False
     shutdown: bool = False
-    #: The host runs this turn because steering queued it (``context.is_steered_turn``).
-    steered_turn: bool = False
 
     @property
     def steering(self) -> bool:

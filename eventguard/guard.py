@@ -685,7 +685,6 @@ class Guard:
             signal=signal,
             client_cancelled=bool(getattr(ctx, "client_cancelled", False)),
             shutdown=_is_set(getattr(ctx, "shutdown", None)),
-            steered_turn=bool(getattr(ctx, "is_steered_turn", False)),
         )
 
     async def _watch(self, grace: float) -> None:

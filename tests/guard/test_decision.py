@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from eventguard import Cause, State
@@ -100,3 +102,16 @@ def test_never_completed_after_a_client_cancel() -> None:
         for options in (Options(), EMIT, KEEP, RECOVERABLE):
             for flags in (CLIENT_CANCEL, Flags(signal=True, client_cancelled=True, shutdown=True)):
                 assert decide(ending, flags, options).state is not State.COMPLETED
+
+
+@pytest.mark.parametrize("value", [Flags(), Options(), decide(Ending.COMPLETED, NONE)])
+def test_value_objects_are_frozen_and_slotted(value: object) -> None:
+    # Flags are a snapshot of one moment; a decision is a verdict: neither may change afterwards.
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(value, dataclasses.fields(value)[0].name, None)  # type: ignore[arg-type]
+    assert not hasattr(value, "__dict__")
+
+
+def test_on_cancel_is_compared_by_value_not_identity() -> None:
+    emit = "".join(["e", "mit"])  # equal to "emit", but not the interned literal
+    assert decide(Ending.COMPLETED, CLIENT_CANCEL, Options(on_cancel=emit)).forward is Forward.CANCELLED
