@@ -139,3 +139,12 @@ def test_anomalies_are_numbered_in_order_with_their_attempt() -> None:
     assert (first.index, first.attempt, first.event_index, first.payload) == (0, 1, 3, {"x": 1})
     assert (second.index, second.attempt, second.event_type) == (1, 2, "response.output_text.delta")
     assert lc.anomalies == [first, second]
+
+
+def test_a_new_lifecycle_starts_empty() -> None:
+    lc = Lifecycle()
+    assert (lc.state, lc.attempt, lc.cause, lc.usage, lc.error) == (S.NEW, 1, None, None, None)
+    assert (lc.steering_cut_short, lc.unverified, lc.events_forwarded) == (False, False, 0)
+    assert (lc.transitions, lc.anomalies) == ([], [])
+    assert lc.info == ResponseInfo()
+    assert (lc.info.is_recovery, lc.info.is_steered_turn) == (False, False)
