@@ -95,6 +95,8 @@ def test_times_cause_and_duration_are_recorded() -> None:
     assert lc.duration_ms == pytest.approx(10_000.0)
     assert [t.reason for t in lc.transitions] == ["", "", "done"]
     assert [t.index for t in lc.transitions] == [0, 1, 2]
+    assert lc.attempt == 1  # queued -> in_progress is no re-entry
+    assert [t.attempt for t in lc.transitions] == [1, 1, 1]
 
 
 def test_interrupted_is_ended_but_not_terminal() -> None:
