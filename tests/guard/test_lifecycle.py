@@ -150,3 +150,20 @@ def test_a_new_lifecycle_starts_empty() -> None:
     assert (lc.transitions, lc.anomalies) == ([], [])
     assert lc.info == ResponseInfo()
     assert (lc.info.is_recovery, lc.info.is_steered_turn) == (False, False)
+
+
+def test_cause_reason_and_anomaly_details_are_keyword_only() -> None:
+    # A positional cause or event type is too easy to put in the wrong place.
+    lc = Lifecycle()
+    with pytest.raises(TypeError):
+        lc.transition(S.IN_PROGRESS, Cause.NORMAL)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        lc.note(AnomalyKind.STUCK, "why", "response.output_text.delta")  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("ending", [S.FAILED, S.CANCELLED, S.INTERRUPTED])
+def test_a_stream_that_ends_before_it_starts_has_no_start_time(ending: State) -> None:
+    lc = Lifecycle()
+    lc.transition(ending)
+    assert lc.started_at is None and lc.created_at is None
+    assert lc.finished_at is not None and lc.duration_ms is None
