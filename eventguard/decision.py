@@ -49,6 +49,10 @@ class Flags:
     signal: bool = False
     client_cancelled: bool = False
     shutdown: bool = False
+    #: The server process has begun shutting down (SIGTERM), whether or not the host told this response.
+    #: It explains a stream that did not end by itself; it never turns a terminal into a failure (a
+    #: background run the host was not told about may well complete before the process exits).
+    process_exiting: bool = False
 
     @property
     def steering(self) -> bool:
@@ -92,7 +96,7 @@ def decide(ending: Ending, flags: Flags, options: Options = Options()) -> Decisi
     if ending in TERMINAL_ENDINGS:
         return _decide_terminal(ending, flags, options)
 
-    if flags.shutdown:
+    if flags.shutdown or flags.process_exiting:
         state = State.INTERRUPTED if options.recoverable else State.FAILED
         forward = Forward.NOTHING
         return Decision(forward, state, Cause.SHUTDOWN, f"shutdown; inner {ending.value}")

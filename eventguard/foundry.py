@@ -24,6 +24,7 @@ This is the only module of the package that imports ``agent_framework`` / ``azur
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, cast
@@ -111,7 +112,33 @@ class GuardedResponses:
         )
         self._eventguard_on_guard = on_guard
         self._eventguard_guards: OrderedDict[str, Guard] = OrderedDict()
+        #: Set once the process begins shutting down. The host tells foreground responses (through
+        #: their context) but not background ones; a background run the exit then cancels was
+        #: stopped by shutdown, not by a client. A threading.Event: it is set from a signal handler.
+        self._eventguard_exiting = threading.Event()
         super().__init__(*args, **kwargs)
+        # SIGTERM under ``server.run()``: the host's pre-shutdown callbacks run first of all.
+        register = getattr(self, "register_pre_shutdown_callback", None)
+        if callable(register):
+            register(self._eventguard_exiting.set)
+        # Any ASGI server: the lifespan's shutdown, before the event loop cancels what still runs.
+        # (The host keeps its handler in ``_shutdown_fn`` and offers no public getter.)
+        previous = getattr(self, "_shutdown_fn", None)
+        if callable(previous) and callable(getattr(self, "shutdown_handler", None)):
+            exiting = self._eventguard_exiting
+
+            async def on_shutdown() -> None:
+                exiting.set()
+                await previous()
+
+            self.shutdown_handler(on_shutdown)  # type: ignore[attr-defined]
+
+    def request_shutdown(self) -> None:
+        """The host's ``request_shutdown()`` (call it from your own SIGTERM handler), noted by the guards."""
+        self._eventguard_exiting.set()
+        parent = getattr(super(), "request_shutdown", None)
+        if callable(parent):
+            parent()
 
     def guard_for(self, response_id: str) -> Guard | None:
         """The most recent guard of ``response_id`` (a recovered response gets a new one), if kept."""
@@ -142,6 +169,7 @@ class GuardedResponses:
             keep_shutdown_completion=self._eventguard_keep_completion,
             recoverable=recoverable,
             info=info,
+            process_shutdown=self._eventguard_exiting,
         )
         self._eventguard_remember(info.response_id, g)
         if self._eventguard_on_guard is not None:

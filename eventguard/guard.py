@@ -72,6 +72,7 @@ def guard(
     recoverable: bool | None = None,
     info: ResponseInfo | None = None,
     flush_timeout: float = 5.0,
+    process_shutdown: object = None,
 ) -> Guard:
     """Guard ``stream``: pass its events through unchanged and decide its terminal by cause.
 
@@ -79,7 +80,10 @@ def guard(
     response; without it a set signal counts as a client cancel. ``cancel_grace=None`` turns off the
     watchdog that detects a stuck inner stream or a host that stopped iterating. ``recoverable``
     says whether a run stopped by shutdown can be recovered (``interrupted``) or is lost (``failed``);
-    by default a stored background run of a resilient host is. See the README for the whole table.
+    by default a stored background run of a resilient host is. ``process_shutdown`` (anything with
+    ``is_set()``) is set when the server process begins shutting down: a stream that then ends without
+    finishing (cancelled, abandoned, cut off) was stopped by shutdown even when the host never told
+    this response, as it does not tell background runs. See the README for the whole table.
     """
     return Guard(
         stream,
@@ -93,6 +97,7 @@ def guard(
         recoverable=recoverable,
         info=info,
         flush_timeout=flush_timeout,
+        process_shutdown=process_shutdown,
     )
 
 
@@ -104,6 +109,7 @@ class Guard:
         "_cancelling_before",
         "_closer",
         "_context",
+        "_exiting",
         "_finished",
         "_flush_timeout",
         "_gen",
@@ -143,6 +149,7 @@ class Guard:
         recoverable: bool | None = None,
         info: ResponseInfo | None = None,
         flush_timeout: float = 5.0,
+        process_shutdown: object = None,
     ) -> None:
         aiter_ = getattr(stream, "__aiter__", None)
         if aiter_ is None:
@@ -158,6 +165,7 @@ class Guard:
         self._closer = _closer_for(stream, iterator)
         self._signal = cancellation_signal
         self._context = context
+        self._exiting = process_shutdown
         info = info if info is not None else info_from_context(context)
         if recoverable is None:
             # Only a resilient host recovers a run; it gives such runs a durable task context.
@@ -677,14 +685,16 @@ class Guard:
 
     def _flags(self) -> Flags:
         signal = bool(self._signal.is_set())
+        exiting = self._exiting is not None and _is_set(self._exiting)
         ctx = self._context
         if ctx is None:
             # Without a context a set signal counts as a client cancel: never record a false success.
-            return Flags(signal=signal, client_cancelled=signal)
+            return Flags(signal=signal, client_cancelled=signal, process_exiting=exiting)
         return Flags(
             signal=signal,
             client_cancelled=bool(getattr(ctx, "client_cancelled", False)),
             shutdown=_is_set(getattr(ctx, "shutdown", None)),
+            process_exiting=exiting,
         )
 
     async def _watch(self, grace: float) -> None:

@@ -14,12 +14,31 @@ STEERING = Flags(signal=True)
 SHUTDOWN = Flags(shutdown=True)
 SHUTDOWN_SIGNALLED = Flags(signal=True, shutdown=True)
 CLIENT_CANCEL = Flags(signal=True, client_cancelled=True)
+EXITING = Flags(process_exiting=True)  # SIGTERM reached the process; the host did not tell this run
 EMIT = Options(on_cancel="emit")
 KEEP = Options(keep_shutdown_completion=True)
 RECOVERABLE = Options(recoverable=True)
 
 ROWS = [
     # (inner ending, flags then, options, forwarded, lifecycle state, cause)
+    # The process is exiting: it explains an ending that is not a terminal, never replaces a terminal.
+    (Ending.RAISED_CANCELLED, EXITING, Options(), Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.RAISED_CANCELLED, EXITING, RECOVERABLE, Forward.NOTHING, State.INTERRUPTED, Cause.SHUTDOWN),
+    (Ending.NO_TERMINAL, EXITING, Options(), Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.STUCK, EXITING, Options(), Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.ABANDONED, EXITING, Options(), Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.CLOSED_EARLY, EXITING, Options(), Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.COMPLETED, EXITING, Options(), Forward.PASS, State.COMPLETED, Cause.NORMAL),
+    (Ending.INCOMPLETE, EXITING, Options(), Forward.PASS, State.INCOMPLETE, Cause.NORMAL),
+    (Ending.FAILED, EXITING, Options(), Forward.PASS, State.FAILED, Cause.ERROR),
+    (
+        Ending.RAISED_CANCELLED,
+        Flags(signal=True, client_cancelled=True, process_exiting=True),
+        Options(),
+        Forward.NOTHING,
+        State.CANCELLED,
+        Cause.CLIENT_CANCEL,
+    ),
     (Ending.COMPLETED, NONE, Options(), Forward.PASS, State.COMPLETED, Cause.NORMAL),
     (Ending.INCOMPLETE, NONE, Options(), Forward.PASS, State.INCOMPLETE, Cause.NORMAL),
     (Ending.COMPLETED, STEERING, Options(), Forward.PASS, State.COMPLETED, Cause.STEERING),

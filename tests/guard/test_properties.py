@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from typing import Any
 
 import pytest
@@ -338,6 +339,38 @@ async def test_shutdown_without_terminal_is_interrupted_only_on_a_resilient_host
     out = await drain(g)
     assert out[-1]["type"] == "response.output_text.delta"  # nothing added under shutdown
     assert g.lifecycle.state is expected
+
+
+@pytest.mark.parametrize(("durable", "expected"), [(True, State.INTERRUPTED), (False, State.FAILED)])
+async def test_a_run_cancelled_once_the_process_is_exiting_was_stopped_by_shutdown(
+    durable: bool, expected: State
+) -> None:
+    # A background run the host never told about shutdown (its context's flag stays clear): the exit
+    # cancels it. That is shutdown, not a client's cancel.
+    ctx = make_context(background=True, store=True)
+    ctx._task_context = object() if durable else None
+    exiting = threading.Event()
+    inner = Scripted(stream_events(4), before={4: block_ignoring_signal})
+    g = guard(inner, asyncio.Event(), context=ctx, process_shutdown=exiting)
+    task = asyncio.create_task(drain(g))
+    await asyncio.sleep(0.05)
+    exiting.set()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert g.lifecycle.state is expected
+    assert g.lifecycle.cause is Cause.SHUTDOWN
+    assert inner.closes == 1
+
+
+async def test_a_run_that_completes_while_the_process_is_exiting_is_completed() -> None:
+    # Not told, so not cut short: its completion is whole.
+    exiting = threading.Event()
+    exiting.set()
+    g = guard(Scripted(stream_events(2)), asyncio.Event(), context=make_context(), process_shutdown=exiting)
+    out = await drain(g)
+    assert out[-1]["type"] == "response.completed"
+    assert g.lifecycle.state is State.COMPLETED
 
 
 async def test_stuck_inner_that_swallows_our_cancel_still_ends_and_cancelling_is_restored() -> None:

@@ -1,0 +1,48 @@
+"""The mixin learns that the process is shutting down, on every path the host offers.
+
+The host tells foreground responses about shutdown through their context, never background ones; the
+process then cancels what still runs. The guards must see that exit as shutdown, not as a cancel.
+(SIGTERM under ``server.run()`` is driven in a real process by tests/reliability/test_sigterm.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from eventguard._scenarios import ScriptedChatClient, chat_agent
+from eventguard.foundry import GuardedResponsesHostServer
+
+pytestmark = [pytest.mark.upstream]
+
+
+class Server(GuardedResponsesHostServer):
+    cleaned = 0
+
+    async def _cleanup_agent(self) -> None:
+        type(self).cleaned += 1
+        await super()._cleanup_agent()
+
+
+def build() -> Server:
+    agent, _ = chat_agent(ScriptedChatClient(("a ", "b ")))
+    return Server(agent, configure_observability=None)
+
+
+async def test_request_shutdown_is_seen_by_the_guards_and_still_reaches_the_host() -> None:
+    s = build()
+    assert not s._eventguard_exiting.is_set()
+    s.request_shutdown()
+    assert s._eventguard_exiting.is_set()
+    assert s._endpoint._shutdown_requested.is_set()
+
+
+async def test_the_lifespans_shutdown_is_seen_and_the_hosts_own_handler_still_runs() -> None:
+    s = build()
+    before = Server.cleaned
+    async with asyncio.timeout(30):
+        async with s.router.lifespan_context(s):
+            assert not s._eventguard_exiting.is_set()
+    assert s._eventguard_exiting.is_set()
+    assert Server.cleaned == before + 1
