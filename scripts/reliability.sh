@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reliability figures for the README.
 #   bash scripts/reliability.sh          the CI part (sampled fault matrix, 4 kills, 200-load, fuzz, state machine)
-#   bash scripts/reliability.sh slow     full matrix (31 positions), 50 SIGKILLs, 1,000-load (under 15 minutes)
+#   bash scripts/reliability.sh slow     full matrix (31 positions), SIGTERM every 3rd position, 50 SIGKILLs, 1,000-load
 #   bash scripts/reliability.sh mutation cosmic-ray over decision.py + lifecycle.py (scripts/mutation.sh)
 # PYTHON picks the interpreter (default .venv-newest/bin/python, built by tests/run.sh; else python3).
 set -euo pipefail
@@ -12,7 +12,7 @@ mode=${1:-ci}
 report=$(mktemp /tmp/eventguard-reliability.XXXXXX.jsonl)
 case "$mode" in
   mutation) shift; exec bash scripts/mutation.sh "$@" ;;
-  slow) export EVENTGUARD_SLOW=1; selection=(tests/reliability/test_fault_matrix.py tests/reliability/test_crash_recovery.py tests/reliability/test_load.py) ;;
+  slow) export EVENTGUARD_SLOW=1; selection=(tests/reliability/test_fault_matrix.py tests/reliability/test_sigterm.py tests/reliability/test_crash_recovery.py tests/reliability/test_load.py) ;;
   ci) selection=(tests/reliability) ;;
   *) echo "usage: $0 [ci|slow|mutation]"; exit 2 ;;
 esac
