@@ -577,7 +577,9 @@ class Guard:
         if lc.state is target:
             return
         if target is State.QUEUED and lc.state is State.IN_PROGRESS:
-            self._anomaly(AnomalyKind.OUT_OF_ORDER, f"{etype} after response.in_progress", etype, None)
+            self._anomaly(
+                AnomalyKind.OUT_OF_ORDER, f"{etype} after response.in_progress", etype, None, strict=True
+            )
             return
         try:
             lc.transition(target, reason=etype)
@@ -604,7 +606,11 @@ class Guard:
             claim = read_terminal(parsed)
             if claim.mismatch:
                 self._anomaly(
-                    AnomalyKind.STATUS_MISMATCH, claim.mismatch + "; the event type wins", etype, None
+                    AnomalyKind.STATUS_MISMATCH,
+                    claim.mismatch + "; the event type wins",
+                    etype,
+                    None,
+                    strict=True,
                 )
             if claim.usage is not None:
                 lc.usage = claim.usage

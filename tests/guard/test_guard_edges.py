@@ -183,7 +183,7 @@ async def test_an_object_event_with_an_unhashable_type_is_forwarded_untouched() 
 
 async def test_an_event_that_claims_to_equal_everything_is_still_forwarded() -> None:
     class EqualsAll:
-        type = "response.output_text.delta"
+        type = "response.custom.odd"  # a type not seen before: the first one takes the slow path
 
         def __eq__(self, other: object) -> bool:
             return True
@@ -473,9 +473,11 @@ async def test_an_error_in_the_async_with_body_ends_the_stream_by_its_kind(
 
 async def test_a_consumer_that_breaks_after_a_delta_closed_early_not_errored() -> None:
     g = guard(Scripted(stream_events(3)), asyncio.Event())
+    deltas = 0
     async with asyncio.timeout(5), g:
         async for e in g:
-            if e["type"] == "response.output_text.delta":
+            deltas += e["type"] == "response.output_text.delta"
+            if deltas == 2:  # the second delta comes by the hot path
                 break
     assert g.lifecycle.state is State.FAILED
     assert g.lifecycle.cause is Cause.CLOSED_EARLY
@@ -571,7 +573,8 @@ async def test_the_watchdog_leaves_no_waiters_behind() -> None:
     await asyncio.sleep(0)
     before = len(asyncio.all_tasks())
     ctx = make_context()
-    g = guard(Scripted(stream_events(2)), asyncio.Event(), context=ctx, cancel_grace=5.0)
+    slow = Scripted(stream_events(2), before={2: lambda: asyncio.sleep(0.02)})  # the watchdog is waiting
+    g = guard(slow, asyncio.Event(), context=ctx, cancel_grace=5.0)
     await drain(g)
     for _ in range(3):
         await asyncio.sleep(0)
@@ -651,7 +654,7 @@ async def test_closing_a_stuck_stream_that_raises_is_logged(caplog: pytest.LogCa
         for _ in range(3):
             await asyncio.sleep(0)
     (record,) = [r for r in caplog.records if "closing a stuck inner stream raised" in r.getMessage()]
-    assert record.exc_info is not None
+    assert record.exc_info and record.exc_info[0] is RuntimeError
 
 
 async def test_a_swallowed_cancel_is_logged(caplog: pytest.LogCaptureFixture) -> None:
@@ -684,18 +687,98 @@ async def test_an_outside_cancel_landing_with_the_stuck_cancel_propagates() -> N
 
     sig = asyncio.Event()
     sig.set()
-    task = asyncio.create_task(drain(guard(inner(), sig, cancel_grace=0.05)))
+    g = guard(inner(), sig, cancel_grace=0.05)
+    task = asyncio.create_task(drain(g))
     with pytest.raises(asyncio.CancelledError):
         async with asyncio.timeout(5):
             await task
+    assert g.lifecycle.state is State.CANCELLED
+    assert "stuck" not in [a.kind for a in g.lifecycle.anomalies]  # ended by that cancel, not by ours
 
 
 async def test_a_dropped_event_does_not_change_how_a_later_cancel_is_read() -> None:
     sig = asyncio.Event()
     sig.set()
     events = stream_events(2)
-    events.insert(2, 42)  # dropped, with an anomaly
+    events.insert(3, 42)  # dropped, with an anomaly, just before the stream gets stuck
     inner = Scripted(events, before={4: block_ignoring_signal})
     g = guard(inner, sig, cancel_grace=0.05)
     await drain(g)  # the watchdog's cancel is taken back: no CancelledError here
     assert [a.kind for a in g.lifecycle.anomalies] == ["not_a_mapping", "stuck"]
+
+
+async def test_nested_async_with_is_refused() -> None:
+    g = guard(Scripted(stream_events(1)), asyncio.Event())
+    async with asyncio.timeout(5), g:
+        with pytest.raises(GuardAlreadyUsed):
+            async with g:
+                pass
+
+
+async def test_the_hosts_response_id_is_kept_over_the_streams() -> None:
+    ctx = make_context()
+    ctx.response_id = "resp_from_host"
+    g = guard(Scripted(stream_events(1)), asyncio.Event(), context=ctx)
+    await drain(g)
+    assert g.lifecycle.info.response_id == "resp_from_host"
+
+
+async def test_a_missing_terminal_is_synthesised_without_empty_fields() -> None:
+    g = guard(Scripted(stream_events(1, final=None)), asyncio.Event())
+    out = await drain(g)
+    assert out[-1]["type"] == "response.failed"
+    assert None not in out[-1]["response"].values()
+
+
+async def test_a_recovered_run_that_raises_at_once_is_failed_with_its_error() -> None:
+    ctx = make_context()
+    ctx.is_recovery = True
+
+    async def raises() -> AsyncIterator[Any]:
+        raise ValueError("cannot resume")
+        yield  # pragma: no cover
+
+    g = guard(raises(), asyncio.Event(), context=ctx)
+    assert g.lifecycle.state is State.INTERRUPTED  # a recovered re-entry starts interrupted
+    with pytest.raises(ValueError, match="cannot resume"):
+        await drain(g)
+    assert g.lifecycle.state is State.FAILED
+    assert g.lifecycle.error is not None
+    assert g.lifecycle.error.message == "cannot resume"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"type": "response.completed", "response": {"id": "resp_1", "status": "failed"}},
+        {"type": "response.queued", "response": {"id": "resp_1", "status": "queued"}},
+    ],
+    ids=["status contradicts the type", "out of order"],
+)
+async def test_strict_mode_raises_on_the_rest_of_the_bad_input_the_readme_lists(bad: dict[str, Any]) -> None:
+    from eventguard import InvalidEvent
+
+    events = stream_events(1)
+    if bad["type"] == "response.completed":
+        events[-1] = bad
+    else:
+        events.insert(2, bad)
+    g = guard(Scripted(events), asyncio.Event(), strict=True)
+    with pytest.raises(InvalidEvent):
+        await drain(g)
+
+
+async def test_strict_mode_does_not_raise_for_a_withheld_terminal() -> None:
+    # A withheld terminal is the guard's decision, not bad input.
+    ctx = make_context()
+    sig = asyncio.Event()
+    events = stream_events(1)
+
+    def cancel() -> None:
+        ctx.client_cancelled = True
+        sig.set()
+
+    g = guard(Scripted(events, before={len(events) - 1: cancel}), sig, context=ctx, strict=True)
+    out = await drain(g)
+    assert out[-1]["type"] != "response.completed"
+    assert g.lifecycle.state is State.CANCELLED
