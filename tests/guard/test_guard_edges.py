@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -782,3 +783,71 @@ async def test_strict_mode_does_not_raise_for_a_withheld_terminal() -> None:
     out = await drain(g)
     assert out[-1]["type"] != "response.completed"
     assert g.lifecycle.state is State.CANCELLED
+
+
+async def test_a_process_shutdown_flag_that_is_not_set_changes_nothing() -> None:
+    # GuardedResponses hands every guard its flag; until the process exits, a cancel is a cancel.
+    g = guard(
+        Scripted(stream_events(3), before={3: block_ignoring_signal}),
+        asyncio.Event(),
+        context=make_context(),
+        process_shutdown=threading.Event(),
+    )
+    task = asyncio.create_task(drain(g))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert g.lifecycle.state is State.CANCELLED
+
+
+async def test_a_queued_event_after_the_recorded_ending_is_an_illegal_transition() -> None:
+    ctx = make_context(background=False)
+    sig = asyncio.Event()
+    events = stream_events(1)
+    events.insert(3, event("response.queued"))
+    g = guard(Scripted(events), sig, context=ctx, cancel_grace=0.05)
+    async with asyncio.timeout(5):
+        it = aiter(g)
+        await anext(it)
+        ctx.shutdown.set()
+        await asyncio.sleep(0.3)  # the host stopped iterating: the ending is recorded (abandoned)
+        assert g.lifecycle.ended
+        rest = [e async for e in it]
+    assert "response.queued" in [e["type"] for e in rest]
+    kinds = [a.kind for a in g.lifecycle.anomalies]
+    assert "illegal_transition" in kinds
+    assert "out_of_order" not in kinds
+
+
+async def test_closing_the_guard_finishes_the_iterator_it_handed_out() -> None:
+    g = guard(Scripted(stream_events(3)), asyncio.Event())
+    async with asyncio.timeout(5):
+        it = aiter(g)
+        await anext(it)
+        await g.aclose()
+    assert it.ag_frame is None  # finished in that call, not left suspended for the garbage collector
+
+
+async def test_the_slow_path_runs_once_per_output_type_then_the_hot_path_takes_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The hot path is the guard's cost model (README, benchmarks): an output or delta type goes through
+    # the slow path once, and every later event of that type is forwarded without it.
+    seen: list[str] = []
+    slow = Guard._slow_event
+
+    def counting(self: Guard, e: Any) -> Any:
+        seen.append(e["type"])
+        return slow(self, e)
+
+    monkeypatch.setattr(Guard, "_slow_event", counting)
+    events = stream_events(50)
+    out = await drain(guard(Scripted(events), asyncio.Event()))
+    assert out == events
+    assert seen == [
+        "response.created",
+        "response.in_progress",
+        "response.output_text.delta",
+        "response.completed",
+    ]
