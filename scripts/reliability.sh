@@ -2,7 +2,7 @@
 # Reliability figures for the README.
 #   bash scripts/reliability.sh          the CI part (sampled fault matrix, 4 kills, 200-load, fuzz, state machine)
 #   bash scripts/reliability.sh slow     full matrix (31 positions), SIGTERM every 3rd position, 50 SIGKILLs, 1,000-load
-#   bash scripts/reliability.sh mutation cosmic-ray over decision.py + lifecycle.py (scripts/mutation.sh)
+#   bash scripts/reliability.sh mutation cosmic-ray over guard.py, decision.py, lifecycle.py (scripts/mutation.sh)
 # PYTHON picks the interpreter (default .venv-newest/bin/python, built by tests/run.sh; else python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
