@@ -50,8 +50,9 @@ class Flags:
     client_cancelled: bool = False
     shutdown: bool = False
     #: The server process has begun shutting down (SIGTERM), whether or not the host told this response.
-    #: It explains a stream that did not end by itself; it never turns a terminal into a failure (a
-    #: background run the host was not told about may well complete before the process exits).
+    #: It explains a stream that did not end by a terminal of its own (cancelled, raised, cut off: the
+    #: exit is the likeliest cause, as the host itself assumes); it never turns a terminal into a failure
+    #: (a background run the host was not told about may well complete before the process exits).
     process_exiting: bool = False
 
     @property

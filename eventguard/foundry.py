@@ -24,9 +24,9 @@ This is the only module of the package that imports ``agent_framework`` / ``azur
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, cast
 
 from agent_framework_foundry_hosting import ResponsesHostServer
@@ -112,26 +112,22 @@ class GuardedResponses:
         )
         self._eventguard_on_guard = on_guard
         self._eventguard_guards: OrderedDict[str, Guard] = OrderedDict()
-        #: Set once the process begins shutting down. The host tells foreground responses (through
-        #: their context) but not background ones; a background run the exit then cancels was
-        #: stopped by shutdown, not by a client. A threading.Event: it is set from a signal handler.
-        self._eventguard_exiting = threading.Event()
+        #: Set once the process begins shutting down (cleared when the app starts). The host tells
+        #: foreground responses through their context but never background ones; a background run the
+        #: exit then cancels was stopped by shutdown, not by a client.
+        self._eventguard_exiting = _Flag()
         super().__init__(*args, **kwargs)
         # SIGTERM under ``server.run()``: the host's pre-shutdown callbacks run first of all.
         register = getattr(self, "register_pre_shutdown_callback", None)
         if callable(register):
             register(self._eventguard_exiting.set)
-        # Any ASGI server: the lifespan's shutdown, before the event loop cancels what still runs.
-        # (The host keeps its handler in ``_shutdown_fn`` and offers no public getter.)
-        previous = getattr(self, "_shutdown_fn", None)
-        if callable(previous) and callable(getattr(self, "shutdown_handler", None)):
-            exiting = self._eventguard_exiting
-
-            async def on_shutdown() -> None:
-                exiting.set()
-                await previous()
-
-            self.shutdown_handler(on_shutdown)  # type: ignore[attr-defined]
+        # Any ASGI server: the lifespan's shutdown, before the host's own shutdown code and before the
+        # event loop cancels what still runs. Wrapping the lifespan itself (not the host's shutdown
+        # handler) holds whatever handler is registered later and whatever the graceful timeout is.
+        router = getattr(self, "router", None)
+        lifespan = getattr(router, "lifespan_context", None)
+        if lifespan is not None:
+            router.lifespan_context = _noting_shutdown(lifespan, self._eventguard_exiting)  # type: ignore[union-attr]
 
     def request_shutdown(self) -> None:
         """The host's ``request_shutdown()`` (call it from your own SIGTERM handler), noted by the guards."""
@@ -177,6 +173,39 @@ class GuardedResponses:
         async with g as events:
             async for event in events:
                 yield event
+
+
+class _Flag:
+    """A flag with ``is_set()``: set from the host's signal callback, read by the guards (no locks)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = False
+
+    def set(self) -> None:
+        self.value = True
+
+    def clear(self) -> None:
+        self.value = False
+
+    def is_set(self) -> bool:
+        return self.value
+
+
+def _noting_shutdown(
+    lifespan: Callable[[Any], AbstractAsyncContextManager[Any]], exiting: _Flag
+) -> Callable[[Any], AbstractAsyncContextManager[Any]]:
+    @asynccontextmanager
+    async def noting(app: Any) -> AsyncIterator[Any]:
+        exiting.clear()  # a new lifetime of the app: an earlier exit is over
+        async with lifespan(app) as state:
+            try:
+                yield state
+            finally:
+                exiting.set()  # the server is shutting the app down: the host's shutdown runs next
+
+    return noting
 
 
 def guarded_server(cls: T) -> T:

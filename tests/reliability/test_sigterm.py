@@ -10,7 +10,8 @@ checks what the fault matrix checks, across the process boundary:
 - no hang: the client's stream ends and the process exits, both bounded; the exit code is 0;
 - the inner stream was finalised once and the guard closed it once;
 - one terminal transition recorded, or the row is ``interrupted``; never ``completed`` when the signal
-  came before the terminal; never ``cancelled`` (no client cancelled);
+  came before the terminal, and then the recorded cause is the shutdown; never ``cancelled`` (no client
+  cancelled);
 - the stored status equals the terminal the client received (the process, and with it
   ``GET /responses/{id}``, is gone once the check can run; the client's terminal is what GET said);
 - every forwarded event stored exactly once, in order (directly, or through spool replay).
@@ -59,13 +60,18 @@ async def read_line(proc: asyncio.subprocess.Process, prefix: str) -> str:
         line = (await proc.stdout.readline()).decode(errors="replace")
         if not line:
             raise AssertionError(f"the child ended before printing {prefix}")
+        # The injected pause waits for the signal; SIGTERM or the exit must end that wait.
+        assert not line.startswith("NOSIGNAL"), "the run was never told, nor cancelled, within 20 s"
         if line.startswith(prefix):
             return line[len(prefix) :].strip()
 
 
-async def ready(port: int) -> None:
+async def ready(port: int, proc: asyncio.subprocess.Process, stderr: Path) -> None:
     async with httpx.AsyncClient() as client:
         while True:
+            if proc.returncode is not None:  # it died (a port taken meanwhile, say): say why
+                why = (await asyncio.to_thread(stderr.read_text))[-2000:]
+                raise AssertionError(f"the server exited with {proc.returncode}: {why}")
             try:
                 if (await client.get(f"http://127.0.0.1:{port}/readiness")).status_code == 200:
                     return
@@ -83,12 +89,14 @@ async def stream_types(port: int, seen: list[dict[str, Any]], background: bool) 
                 async for line in resp.aiter_lines():
                     if line.startswith("data:"):
                         seen.append(json.loads(line[5:]))
-            except httpx.RemoteProtocolError:
-                pass  # the server went away mid-stream: what was seen is kept
+            except httpx.TransportError:
+                pass  # the server went away mid-stream (cut, reset): what was seen is kept
 
 
 async def run_case(db: Db, p: int, background: bool = False) -> list[str]:
     port = free_port()
+    stderr = db.spool.with_name(f"sigterm-{p}-{background}.stderr")
+    errors = stderr.open("wb")
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -100,15 +108,19 @@ async def run_case(db: Db, p: int, background: bool = False) -> list[str]:
         str(p),
         cwd=ROOT,
         stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
+        stderr=errors,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "AGENTSERVER_GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS": "3"},
     )
     seen: list[dict[str, Any]] = []
+    tasks: list[asyncio.Task[Any]] = []
     try:
-        await ready(port)
+        await ready(port, proc, stderr)
         client = asyncio.create_task(stream_types(port, seen, background))
         reached = asyncio.create_task(read_line(proc, "REACHED "))
+        tasks += [client, reached]
         await asyncio.wait({client, reached}, return_when=asyncio.FIRST_COMPLETED)
+        if client.done() and not reached.done():
+            client.result()  # the POST itself failed: show that, not a wait for REACHED
         signalled_before_end = reached.done() and not client.done()
         rid = await reached
         proc.send_signal(signal.SIGTERM)
@@ -116,9 +128,12 @@ async def run_case(db: Db, p: int, background: bool = False) -> list[str]:
         done = json.loads(await read_line(proc, "DONE "))
         code = await proc.wait()
     finally:
+        for task in tasks:
+            task.cancel()
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+        errors.close()
 
     violations: list[str] = []
 
@@ -151,6 +166,7 @@ async def run_case(db: Db, p: int, background: bool = False) -> list[str]:
     check(row.status == done["state"], f"stored {row.status} but the guard says {done['state']}")
     if signalled_before_end and p <= TERMINAL_AT:
         check(row.status != "completed", "completed after SIGTERM cut the run short")
+        check(row.cause == "shutdown", f"ended {row.status} by {row.cause}, not by the shutdown")
     client_terminal = [e for e in seen if e.get("type") in TERMINAL_TYPES]
     if client_terminal:
         said = client_terminal[-1].get("response", {}).get("status")

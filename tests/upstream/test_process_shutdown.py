@@ -25,9 +25,9 @@ class Server(GuardedResponsesHostServer):
         await super()._cleanup_agent()
 
 
-def build() -> Server:
+def build(**kwargs: object) -> Server:
     agent, _ = chat_agent(ScriptedChatClient(("a ", "b ")))
-    return Server(agent, configure_observability=None)
+    return Server(agent, configure_observability=None, **kwargs)
 
 
 async def test_request_shutdown_is_seen_by_the_guards_and_still_reaches_the_host() -> None:
@@ -46,3 +46,27 @@ async def test_the_lifespans_shutdown_is_seen_and_the_hosts_own_handler_still_ru
             assert not s._eventguard_exiting.is_set()
     assert s._eventguard_exiting.is_set()
     assert Server.cleaned == before + 1
+
+
+async def test_the_lifespans_shutdown_is_seen_without_a_graceful_drain_and_with_a_later_handler() -> None:
+    # graceful_shutdown_timeout=0 makes the host skip its shutdown handler; a handler registered after
+    # construction replaces the host's. Neither hides the exit from the guards.
+    s = build(graceful_shutdown_timeout=0)
+    later: list[str] = []
+
+    async def mine() -> None:
+        later.append("ran")
+
+    s.shutdown_handler(mine)
+    async with asyncio.timeout(30):
+        async with s.router.lifespan_context(s):
+            pass
+    assert s._eventguard_exiting.is_set()
+
+
+async def test_a_new_lifetime_of_the_app_starts_with_the_flag_clear() -> None:
+    s = build()
+    s.request_shutdown()
+    async with asyncio.timeout(30):
+        async with s.router.lifespan_context(s):
+            assert not s._eventguard_exiting.is_set()
