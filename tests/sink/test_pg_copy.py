@@ -132,3 +132,33 @@ async def test_staging_table_survives_a_rollback_and_is_emptied_by_commit(
         finally:
             await engine.dispose()
         assert copies == [24, 24, 24]
+
+
+class _ExitForRecovery(BaseException):
+    """Stands in for the host's ResponseExitForRecovery: a BaseException, like CancelledError."""
+
+
+@pytest.mark.parametrize(
+    "raised", [asyncio.CancelledError(), TimeoutError("a driver timeout"), _ExitForRecovery()]
+)
+async def test_a_driver_call_translates_driver_errors_only(pg_target: Target, raised: BaseException) -> None:
+    # _driver_call catches Exception to translate asyncpg's errors into SQLAlchemy's; anything else,
+    # cancellation and timeouts included, must come out as it went in.
+    from sqlalchemy.exc import DBAPIError
+
+    engine = _db.create_engine(_db.resolve_url(pg_target.url), schema=pg_target.schema)
+    try:
+        async with asyncio.timeout(30), engine.connect() as conn:
+            driver = (await conn.get_raw_connection()).driver_connection
+            assert driver is not None
+            with pytest.raises(DBAPIError):
+                await writer._driver_call(conn, "SELECT 1/0", driver.execute("SELECT 1/0"))
+
+            async def fails() -> None:
+                raise raised
+
+            with pytest.raises(type(raised)) as caught:
+                await writer._driver_call(conn, "SELECT 1", fails())
+            assert caught.value is raised
+    finally:
+        await engine.dispose()

@@ -70,3 +70,13 @@ async def test_a_new_lifetime_of_the_app_starts_with_the_flag_clear() -> None:
     async with asyncio.timeout(30):
         async with s.router.lifespan_context(s):
             assert not s._eventguard_exiting.is_set()
+
+
+async def test_the_hosts_sigterm_callbacks_tell_the_guards_before_the_drain() -> None:
+    # What server.run()'s signal handler calls first on SIGTERM (the subprocess test drives the real
+    # signal): the flag is set during Hypercorn's drain, before the lifespan's shutdown, so a background
+    # run that fails meanwhile (its model connection cut by the same signal) is recorded as shutdown.
+    s = build()
+    for callback in s._pre_shutdown_callbacks:
+        callback()
+    assert s._eventguard_exiting.is_set()
