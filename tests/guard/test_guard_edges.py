@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from eventguard import Cause, Guard, GuardAlreadyUsed, Lifecycle, State, guard
+from eventguard import Cause, Guard, GuardAlreadyUsed, InvalidEvent, Lifecycle, State, guard
 
 from .scripted import Scripted, block_ignoring_signal, event, make_context, stream_events, terminal
 
@@ -336,8 +336,6 @@ async def test_a_mapping_without_a_usable_type_is_explained(bad: dict[str, Any],
     ids=["no type", "invalid lifecycle event"],
 )
 async def test_strict_mode_raises_on_each_kind_of_bad_input(bad: dict[str, Any]) -> None:
-    from eventguard import InvalidEvent
-
     events = stream_events(1)
     events.insert(2, bad)
     g = guard(Scripted(events), asyncio.Event(), strict=True)
@@ -518,8 +516,6 @@ async def test_steering_alone_is_never_an_abandonment() -> None:
 
 @pytest.mark.parametrize("strict", [False, True])
 async def test_a_stream_resumed_after_its_abandonment_was_recorded_gets_nothing_more(strict: bool) -> None:
-    from eventguard import InvalidEvent
-
     ctx = make_context(background=False)
     sig = asyncio.Event()
     g = guard(
@@ -757,8 +753,6 @@ async def test_a_recovered_run_that_raises_at_once_is_failed_with_its_error() ->
     ids=["status contradicts the type", "out of order"],
 )
 async def test_strict_mode_raises_on_the_rest_of_the_bad_input_the_readme_lists(bad: dict[str, Any]) -> None:
-    from eventguard import InvalidEvent
-
     events = stream_events(1)
     if bad["type"] == "response.completed":
         events[-1] = bad
