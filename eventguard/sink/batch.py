@@ -51,6 +51,9 @@ class Batch:
     anomalies: list[dict[str, Any]] = field(default_factory=list)
     #: The anomaly index reserved for reporting a refused status change (None: no status change).
     refusal_idx: int | None = None
+    #: The guarded stream that produced it (one per recorder): two streams that carry the same
+    #: response id are told apart by it. None in spools written before it existed.
+    stream_id: str | None = None
     #: The recorder that took it (serialises ``raw``); None for a batch read from the spool.
     source: SqlRecorder | None = field(default=None, repr=False, compare=False)
 
@@ -89,6 +92,7 @@ class Batch:
                 "transitions": self.transitions,
                 "anomalies": self.anomalies,
                 "refusal_idx": self.refusal_idx,
+                "stream_id": self.stream_id,
             }
         )
 
@@ -118,6 +122,7 @@ class Batch:
             transitions=data["transitions"],
             anomalies=data["anomalies"],
             refusal_idx=data.get("refusal_idx"),
+            stream_id=data.get("stream_id"),
         )
 
 

@@ -45,6 +45,7 @@ class SqlRecorder:
         "pending",
         "queued",
         "refusal",
+        "stream_id",
     )
 
     def __init__(self, sink: SqlSink, lifecycle: Lifecycle) -> None:
@@ -67,6 +68,8 @@ class SqlRecorder:
         self.closing = False
         #: Set when the database refused this stream's status (another writer holds a terminal).
         self.refusal: Refusal | None = None
+        #: This stream's identity: another stream with the same response id has another.
+        self.stream_id = uuid.uuid4().hex
 
     # -- the Recorder protocol ------------------------------------------------------------
     def event(self, index: int, event_type: str | None, event: object) -> None:
@@ -138,7 +141,13 @@ class SqlRecorder:
         lc = self.lifecycle
         now = datetime.now(UTC)
         batch = Batch(
-            response_id=rid, attempt=lc.attempt, owner=sink.owner, row={}, terminal=False, recorded_at=now
+            response_id=rid,
+            attempt=lc.attempt,
+            owner=sink.owner,
+            row={},
+            terminal=False,
+            recorded_at=now,
+            stream_id=self.stream_id,
         )
         batch.source = self
 
