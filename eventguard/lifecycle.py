@@ -86,6 +86,8 @@ class AnomalyKind(StrEnum):
     SINK_TIMEOUT = "sink_timeout"
     PAYLOAD_TRUNCATED = "payload_truncated"
     NOT_SERIALISABLE = "not_serialisable"
+    #: A column value (an id, a message, a reason, an event type) changed to be storable.
+    VALUE_ESCAPED = "value_escaped"
 
 
 def utcnow() -> datetime:
