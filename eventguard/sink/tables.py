@@ -55,6 +55,8 @@ TS = DateTime(timezone=True)
 ID = String(255)
 #: The longest event type the type column holds; a longer one is stored cut, with an anomaly.
 TYPE_LENGTH = 128
+#: A stream's id (a uuid hex, from the recorder).
+STREAM_ID_LENGTH = 64
 
 metadata = MetaData(
     naming_convention={
@@ -102,6 +104,9 @@ responses = Table(
     Column("event_count", Integer, nullable=False, server_default=text("0")),
     # Which sink instance last wrote the row, and when: `recover` finds rows nobody owns any more.
     Column("owner", String(255)),
+    # The guarded stream that owns the current attempt (the first whose row write landed): a
+    # second stream with the same response id and attempt is refused as a whole (sink.writer).
+    Column("stream_id", String(STREAM_ID_LENGTH)),
     Column("updated_at", TS, nullable=False),
     # Bumped on every update: optimistic concurrency for anyone who reads, then writes.
     Column("version", Integer, nullable=False, server_default=text("1")),
@@ -174,6 +179,26 @@ anomalies = Table(
     Column("payload", Payload),
     UniqueConstraint("response_id", "attempt", "source", "idx"),
     Index(None, "kind"),
+    Index(None, "at"),
+)
+
+#: What the sink could not store, with why: the database refused it (``write``), a spool record
+#: could not be read (``spool``), or a second stream carried a response id and attempt another
+#: stream owns (``duplicate``). ``record`` is the refused content as ASCII JSON text, so it is
+#: always storable (a NUL or a lone surrogate is an escape there); ``response_id`` is as given,
+#: made storable the same way. No index on it: an id of any length must go in.
+QUARANTINE_ORIGINS = ("write", "spool", "duplicate")
+quarantine = Table(
+    f"{PREFIX}quarantine",
+    metadata,
+    Column("pk", BigId, primary_key=True, autoincrement=True),
+    Column("response_id", Text),
+    Column("attempt", Integer),
+    Column("stream_id", String(STREAM_ID_LENGTH)),
+    Column("origin", String(16), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("at", TS, nullable=False),
+    Column("record", Text, nullable=False),
     Index(None, "at"),
 )
 
