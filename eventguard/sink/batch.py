@@ -6,29 +6,59 @@ was written, changes nothing.
 
 Events are kept as compact tuples (the writer binds them as they are) and serialised lazily:
 :meth:`SqlRecorder.collect <eventguard.sink.recorder.SqlRecorder.collect>` only takes references
-(``raw``), and the writer serialises them in small chunks off the client's critical path. The
-spool format is unchanged: one JSON object per batch, one object per event.
+(``raw``), and the writer serialises them in small chunks off the client's critical path.
+
+In the spool a batch is one JSON object (:meth:`Batch.to_json`, :meth:`Batch.from_json`; the
+record around it is :mod:`eventguard.sink.spool`'s). Version 1 of that object::
+
+    {"response_id": str, "attempt": int, "owner": str, "row": {column: value},
+     "terminal": bool, "recorded_at": ISO time | null,
+     "events": [[attempt, seq, type | null, payload JSON text], ...],
+     "transitions": [{column: value}], "anomalies": [{column: value}],
+     "refusal_idx": int | null, "stream_id": str | null}
+
+Times are ISO 8601 strings; event and anomaly payloads are JSON text kept as strings (they come
+back as :class:`~eventguard._db.PreSerialised`). Version 0 (the spool before records had a header)
+is the same object with each event as ``{"response_id", "attempt", "seq", "type", "payload",
+"recorded_at"}``; :meth:`Batch.from_json` reads both.
+
+Every string must come back exactly as it was, lone surrogates (``"\\udcff"``, from undecodable
+bytes) and NUL included. orjson refuses lone surrogates (and integers beyond 64 bits), so the rare
+batch it refuses is written with Python's json instead, marked ``"strings": "utf8-bytes"``: every
+string in it (keys too) holds the UTF-8 bytes of the original string, surrogates encoded as
+themselves (``surrogatepass``), one character U+0000-U+00FF per byte. JSON's own ``\\uXXXX``
+escapes cannot do this: a high surrogate next to a low one would be read back as one character.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import orjson
+from sqlalchemy import JSON, Boolean, Column, DateTime, Float, Integer, String, Table
 
 from eventguard._db import PreSerialised
+from eventguard.sink.tables import anomalies, responses, transitions
 
 if TYPE_CHECKING:
     from eventguard.sink.recorder import SqlRecorder
-
-_ROW_TIMES = ("created_at", "started_at", "finished_at", "updated_at")
 
 #: A stored event: ``(attempt, seq, type, payload JSON text)``.
 EventRow: TypeAlias = tuple[int, int, str | None, str]
 #: A forwarded event not yet serialised: ``(attempt, seq, type, the event itself)``.
 RawEvent: TypeAlias = tuple[int, int, str | None, object]
+
+#: The marker of a batch whose strings are written as their UTF-8 bytes (see the module docstring).
+_STRINGS_KEY = "strings"
+_STRINGS_BYTES = "utf8-bytes"
+
+
+class BatchFormatError(ValueError):
+    """Spooled text that is not a batch; the message says why, for a person to read."""
 
 
 @dataclass(slots=True)
@@ -67,64 +97,325 @@ class Batch:
             self.source.encode_some(self)
 
     def to_json(self) -> bytes:
+        """The batch as one line of JSON (version 1, no newline in it). Never raises for content.
+
+        orjson on the common path; a batch orjson refuses (a lone surrogate anywhere, an integer
+        beyond 64 bits) is written in the ``utf8-bytes`` form, which keeps every string exactly.
+        """
         # PreSerialised payloads are str subclasses: orjson writes them as JSON strings, and
         # from_json wraps them again, so they are never decoded and re-encoded.
         self.serialise()
-        rid, at = self.response_id, self.recorded_at
-        return orjson.dumps(
-            {
-                "response_id": rid,
-                "attempt": self.attempt,
-                "owner": self.owner,
-                "row": self.row,
-                "terminal": self.terminal,
-                "events": [
-                    {
-                        "response_id": rid,
-                        "attempt": a,
-                        "seq": s,
-                        "type": t,
-                        "payload": p,
-                        "recorded_at": at,
-                    }
-                    for a, s, t, p in self.events
-                ],
-                "transitions": self.transitions,
-                "anomalies": self.anomalies,
-                "refusal_idx": self.refusal_idx,
-                "stream_id": self.stream_id,
-            }
-        )
+        body = {
+            "response_id": self.response_id,
+            "attempt": self.attempt,
+            "owner": self.owner,
+            "row": self.row,
+            "terminal": self.terminal,
+            "recorded_at": self.recorded_at,
+            "events": self.events,
+            "transitions": self.transitions,
+            "anomalies": self.anomalies,
+            "refusal_idx": self.refusal_idx,
+            "stream_id": self.stream_id,
+        }
+        try:
+            return orjson.dumps(body)
+        except TypeError:  # orjson.JSONEncodeError is a TypeError
+            return _dumps_as_bytes(body)
 
     @classmethod
-    def from_json(cls, line: bytes) -> Batch:
-        data = orjson.loads(line)
-        row = data["row"]
-        for key in _ROW_TIMES:
-            row[key] = _time(row.get(key))
-        evs = data["events"]
-        # Every event of a batch was taken at the same moment (older spools repeat it per event).
-        recorded_at = _time(evs[0]["recorded_at"]) if evs else None
-        for tr in data["transitions"]:
-            tr["at"] = _time(tr["at"])
-        for an in data["anomalies"]:
-            an["at"] = _time(an["at"])
-            if an.get("payload") is not None:
-                an["payload"] = PreSerialised(an["payload"])
-        return cls(
-            response_id=data["response_id"],
-            attempt=data["attempt"],
-            owner=data["owner"],
-            row=row,
-            terminal=data["terminal"],
-            recorded_at=recorded_at,
-            events=[(e["attempt"], e["seq"], e["type"], e["payload"]) for e in evs],
-            transitions=data["transitions"],
-            anomalies=data["anomalies"],
-            refusal_idx=data.get("refusal_idx"),
-            stream_id=data.get("stream_id"),
-        )
+    def from_json(cls, data: bytes | str) -> Batch:
+        """The batch in ``data`` (version 0 or 1); :class:`BatchFormatError` when it is not one.
+
+        No other exception escapes for any input: wrong types, missing keys and bad times are
+        reported with the path of the value at fault (``row.status: expected a string, got null``).
+        """
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            # Python's json reads what orjson does not: NaN, and a hand-escaped lone surrogate.
+            obj = _json_loads(data, str(exc))
+        else:
+            if type(obj) is dict and _STRINGS_KEY in obj:
+                obj = _json_loads(data, "")  # exact integers of any size, as they were written
+        if type(obj) is not dict:
+            raise BatchFormatError(f"{_describe(obj)}, not a batch (a JSON object)")
+        if _STRINGS_KEY in obj:
+            if obj[_STRINGS_KEY] != _STRINGS_BYTES:
+                raise BatchFormatError(f"strings: unknown encoding {_short(obj[_STRINGS_KEY])}")
+            obj = _from_bytes_form(obj)
+        return _build(cls, obj)
 
 
-def _time(value: str | None) -> datetime | None:
-    return None if value is None else datetime.fromisoformat(value)
+# -- writing the rare batch orjson refuses ---------------------------------------------------------
+
+
+def _as_bytes(text: str) -> str:
+    return text.encode("utf-8", "surrogatepass").decode("latin-1")
+
+
+def _to_bytes_form(value: Any) -> Any:
+    if isinstance(value, str):
+        return _as_bytes(value)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {_as_bytes(k if isinstance(k, str) else _text(k)): _to_bytes_form(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_bytes_form(v) for v in value]
+    return _as_bytes(_text(value))  # nothing a recorder puts in a batch: kept as its text
+
+
+def _text(value: object) -> str:
+    try:
+        return str(value)
+    except Exception:  # a broken __str__ must not lose the batch
+        return f"<{type(value).__qualname__}>"
+
+
+def _dumps_as_bytes(body: dict[str, Any]) -> bytes:
+    out = {_STRINGS_KEY: _STRINGS_BYTES, **_to_bytes_form(body)}
+    # Every string is U+0000-U+00FF now; ensure_ascii keeps the line ASCII (and free of newlines).
+    return json.dumps(out, ensure_ascii=True, allow_nan=True, separators=(",", ":")).encode("ascii")
+
+
+# -- reading ------------------------------------------------------------------------------------------
+
+
+def _json_loads(data: bytes | str, orjson_error: str) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise BatchFormatError(f"not JSON: {orjson_error or exc}") from None
+
+
+def _from_bytes(text: str) -> str:
+    try:
+        return text.encode("latin-1").decode("utf-8", "surrogatepass")
+    except UnicodeError:
+        raise BatchFormatError(f"a string is not in the {_STRINGS_BYTES} form: {_short(text)}") from None
+
+
+def _from_bytes_form(value: Any) -> Any:
+    if isinstance(value, str):
+        return _from_bytes(value)
+    if isinstance(value, dict):
+        return {_from_bytes(k): _from_bytes_form(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_bytes_form(v) for v in value]
+    return value
+
+
+def _describe(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _short(value: object, limit: int = 60) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
+def _bad(path: str, expected: str, value: object) -> BatchFormatError:
+    got = _describe(value)
+    if isinstance(value, str | int | float) and not isinstance(value, bool):
+        got = f"{got} ({_short(value)})"
+    return BatchFormatError(f"{path}: expected {expected}, got {got}")
+
+
+def _str(value: object, path: str) -> str:
+    if type(value) is not str:
+        raise _bad(path, "a string", value)
+    return value
+
+
+def _opt_str(value: object, path: str) -> str | None:
+    return None if value is None else _str(value, path)
+
+
+def _int(value: object, path: str) -> int:
+    if type(value) is not int:
+        raise _bad(path, "an integer", value)
+    return value
+
+
+def _opt_int(value: object, path: str) -> int | None:
+    return None if value is None else _int(value, path)
+
+
+def _bool(value: object, path: str) -> bool:
+    if type(value) is not bool:
+        raise _bad(path, "true or false", value)
+    return value
+
+
+def _number(value: object, path: str) -> float | int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _bad(path, "a number", value)
+    return value
+
+
+def _time(value: object, path: str) -> datetime:
+    if type(value) is not str:
+        raise _bad(path, "an ISO 8601 time", value)
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise _bad(path, "an ISO 8601 time", value) from None
+
+
+def _opt_time(value: object, path: str) -> datetime | None:
+    return None if value is None else _time(value, path)
+
+
+def _json_text(value: object, path: str) -> PreSerialised:
+    if type(value) is not str:
+        raise _bad(path, "JSON text (a string)", value)
+    return PreSerialised(value)
+
+
+def _list(value: object, path: str) -> list[Any]:
+    if type(value) is not list:
+        raise _bad(path, "an array", value)
+    return value
+
+
+def _dict(value: object, path: str) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise _bad(path, "an object", value)
+    return value
+
+
+_Check = Callable[[object, str], Any]
+
+
+def _check_for(column: Column[Any]) -> _Check:
+    kind = column.type
+    if isinstance(kind, JSON):
+        check: _Check = _json_text
+    elif isinstance(kind, DateTime):
+        check = _time
+    elif isinstance(kind, Boolean):
+        check = _bool
+    elif isinstance(kind, Float):
+        check = _number
+    elif isinstance(kind, Integer):
+        check = _int
+    elif isinstance(kind, String):
+        check = _str
+    else:  # pragma: no cover - a column type this module does not know yet
+        raise TypeError(f"no spool check for {column.table.name}.{column.name}: {kind!r}")
+    if not column.nullable:
+        return check
+
+    def nullable(value: object, path: str) -> Any:
+        return None if value is None else check(value, path)
+
+    return nullable
+
+
+def _spec(table: Table, *skip: str) -> tuple[tuple[str, bool, _Check], ...]:
+    """(name, required, check) per column a batch carries for ``table``."""
+    return tuple(
+        (c.name, not c.nullable, _check_for(c))
+        for c in table.columns
+        if c.name not in skip and not (c.primary_key and c.autoincrement is True)
+    )
+
+
+# The row carries every column but the key, the version (the database keeps those) and the id
+# (the batch's own). A missing nullable column (a spool older than the column) reads as null.
+_ROW = _spec(responses, "pk", "version", "response_id")
+_TRANSITION = _spec(transitions)
+_ANOMALY = _spec(anomalies)
+
+
+def _record(value: object, path: str, spec: tuple[tuple[str, bool, _Check], ...]) -> dict[str, Any]:
+    data = _dict(value, path)
+    for name, required, check in spec:
+        if name in data:
+            data[name] = check(data[name], f"{path}.{name}")
+        elif required:
+            raise BatchFormatError(f"{path}.{name}: missing")
+        else:
+            data[name] = None
+    return data
+
+
+def _field(data: dict[str, Any], name: str) -> Any:
+    try:
+        return data[name]
+    except KeyError:
+        raise BatchFormatError(f"{name}: missing") from None
+
+
+def _events(value: object) -> tuple[list[EventRow], datetime | None]:
+    evs = _list(value, "events")
+    out: list[EventRow] = []
+    append = out.append
+    first_at: object = None
+    for i, ev in enumerate(evs):
+        if type(ev) is list and len(ev) == 4:  # version 1: [attempt, seq, type, payload]
+            a, s, t, p = ev
+        elif type(ev) is dict:  # version 0: one object per event
+            try:
+                a, s, t, p = ev["attempt"], ev["seq"], ev["type"], ev["payload"]
+            except KeyError as exc:
+                raise BatchFormatError(f"events[{i}].{exc.args[0]}: missing") from None
+            if i == 0:
+                first_at = ev.get("recorded_at")
+        else:
+            raise _bad(f"events[{i}]", "[attempt, seq, type, payload]", ev)
+        if (
+            type(a) is not int
+            or type(s) is not int
+            or type(p) is not str
+            or not (t is None or type(t) is str)
+        ):
+            _int(a, f"events[{i}].attempt")
+            _int(s, f"events[{i}].seq")
+            _opt_str(t, f"events[{i}].type")
+            _str(p, f"events[{i}].payload")
+        append((a, s, t, PreSerialised(p)))
+    return out, _opt_time(first_at, "events[0].recorded_at")
+
+
+def _build(cls: type[Batch], data: dict[str, Any]) -> Batch:
+    rid = _str(_field(data, "response_id"), "response_id")
+    events, v0_at = _events(_field(data, "events"))
+    # Every event of a batch was taken at the same moment (version 0 repeats it per event).
+    recorded_at = _opt_time(data["recorded_at"], "recorded_at") if "recorded_at" in data else v0_at
+    if events and recorded_at is None:
+        raise BatchFormatError("recorded_at: missing, and the batch has events")
+    return cls(
+        response_id=rid,
+        attempt=_int(_field(data, "attempt"), "attempt"),
+        owner=_str(_field(data, "owner"), "owner"),
+        row=_record(_field(data, "row"), "row", _ROW),
+        terminal=_bool(_field(data, "terminal"), "terminal"),
+        recorded_at=recorded_at,
+        events=events,
+        transitions=[
+            _record(t, f"transitions[{i}]", _TRANSITION)
+            for i, t in enumerate(_list(_field(data, "transitions"), "transitions"))
+        ],
+        anomalies=[
+            _record(a, f"anomalies[{i}]", _ANOMALY)
+            for i, a in enumerate(_list(_field(data, "anomalies"), "anomalies"))
+        ],
+        refusal_idx=_opt_int(data.get("refusal_idx"), "refusal_idx"),
+        stream_id=_opt_str(data.get("stream_id"), "stream_id"),
+    )
