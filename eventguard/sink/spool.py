@@ -1,81 +1,433 @@
-"""The local spool: an append-only JSON-lines file of batches the database did not take.
+"""The local spool: batches the database did not take, kept in append-only files until replayed.
 
-Appends are one ``os.write`` on an ``O_APPEND`` descriptor per call, so concurrent writers (tasks,
-or processes sharing the file) never interleave inside a line. Replay first renames the file
-aside, so new appends start a fresh file while the old one is loaded.
+Record format, version 1
+------------------------
+A spool file is a sequence of lines. Each record is one line::
+
+    EG1 <length> <crc32> <json>\\n
+
+- ``EG1``: ``EG`` and the format version, ``1``, in ASCII.
+- ``<length>``: the byte length of ``<json>``, in decimal ASCII digits.
+- ``<crc32>``: the CRC-32 of the bytes of ``<json>`` (IEEE 802.3, as ``zlib.crc32``), as 8 lowercase
+  hexadecimal digits.
+- ``<json>``: the batch, one JSON object in UTF-8 with no newline in it (its fields:
+  :mod:`eventguard.sink.batch`).
+
+The four fields are separated by one space (0x20) and the record ends with a newline (0x0A). For
+example: ``EG1 271 5f0c2a9e {"response_id":"resp_1","attempt":1,...}\\n``.
+
+Every append is one ``os.write`` on an ``O_APPEND`` descriptor, so concurrent appenders (tasks,
+or processes sharing the file) never interleave inside a record. Each append starts with a newline
+of its own: a record a crash cut short (it has no newline) ends there and never merges with the next
+append's records, and its length and checksum show it torn. Readers skip empty lines.
+
+A line that starts with ``{`` is a version-0 record: a plain JSON batch, as spools were written
+before records had a header. It still replays.
+
+Anything else is a :class:`BadRecord`, with a reason a person can read: a torn or garbled line, a
+checksum that does not match, JSON that is not a batch (``"row": null``...), a record of a format
+version this eventguard does not know. Every other record of the file still loads.
+
+Replay
+------
+:meth:`Spool.take` renames the live file aside (``<name>.replaying-<time>-<id>``), so new appends
+start a fresh file, then claims each aside file with an exclusive ``flock`` held while it is being
+replayed: a file another process holds is skipped, and a file left by a dead process is claimable
+again (its lock died with it). Appenders hold a shared ``flock`` while they write and never write
+into a file that has been set aside, so a claimed file no longer changes. :meth:`Spool.done`
+removes a file once it is applied (its bad records included: the sink keeps those in the
+database), :meth:`Spool.release` keeps it for the next replay.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import re
+import sys
+import time
 import uuid
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
-from eventguard.sink.batch import Batch
+from eventguard.sink.batch import Batch, BatchFormatError
 
+log = logging.getLogger("eventguard.sink")
+
+#: The record format this module writes; it reads this one and version 0.
+FORMAT_VERSION = 1
+_MAGIC = b"EG%d " % FORMAT_VERSION
 _REPLAYING = ".replaying-"
 
+# The header of a version-1 record, and the version token of any record.
+_HEADER = re.compile(rb"EG1 (0|[1-9][0-9]{0,14}) ([0-9a-f]{8}) ")
+_VERSION = re.compile(rb"EG([0-9]{1,9})(?: |$)")
 
-@dataclass(slots=True)
-class SpoolFile:
+#: Lines are read in pieces of this size; a line that is no record keeps only this much of itself.
+_CHUNK = 1 << 20
+#: How long take() waits for an append in flight before claiming the file it has just set aside.
+_CLAIM_PATIENCE = 0.25
+#: How often an append retries when the live file is set aside under it.
+_APPEND_TRIES = 100
+
+
+@dataclass(frozen=True, slots=True)
+class BadRecord:
+    """A record that cannot be replayed: torn, garbled, the wrong shape, or of an unknown version."""
+
     path: Path
-    batches: list[Batch]
-    #: Lines that could not be parsed (a write torn by a crash): reported, skipped.
-    bad_lines: int
+    #: Its line number in the file, from 1.
+    line: int
+    #: Why, for a person to read.
+    reason: str
+    #: The line as it is in the file, without its newline (only the first MiB of a huge non-record).
+    raw: bytes
+
+
+def encode_record(batch: Batch) -> bytes:
+    """One version-1 record, newline included. Never raises for the batch's content."""
+    body = batch.to_json()
+    return b"%s%d %08x %s\n" % (_MAGIC, len(body), zlib.crc32(body), body)
+
+
+def decode_record(line: bytes) -> Batch | str:
+    """The batch in one line (without its newline), or why it is not one."""
+    return _decode(line, len(line))
+
+
+def _decode(line: bytes, length: int) -> Batch | str:
+    """``line`` may be cut short of the ``length`` bytes it has in the file (see ``_lines``)."""
+    if line.startswith(b"EG"):
+        version = _VERSION.match(line)
+        if version is None:
+            return "not a spool record: 'EG' is not followed by a format version and a space"
+        number = int(version.group(1))
+        if number > FORMAT_VERSION:
+            return (
+                f"record format version {number} (written by a newer eventguard: replay it with that"
+                f" one): this eventguard reads versions 0 and {FORMAT_VERSION}"
+            )
+        if number != FORMAT_VERSION:
+            return f"unknown record format version {number} (version 0 records have no header)"
+        header = _HEADER.match(line)
+        if header is None:
+            return "torn or garbled record header: expected 'EG1 <length> <crc32> '"
+        declared = int(header.group(1))
+        found = length - header.end()
+        if found < declared:
+            return f"torn record: {found} of its {declared} bytes (cut short: a crash, a full disk)"
+        if found > declared:
+            return f"garbled record: {found} bytes where its header says {declared}"
+        body = line[header.end() :]
+        if zlib.crc32(body) != int(header.group(2), 16):
+            return "checksum mismatch: the record's bytes changed after it was written"
+        try:
+            return Batch.from_json(body)
+        except BatchFormatError as exc:
+            return f"not a batch: {exc}"
+    if line.startswith(b"{"):  # read whole (see _keep)
+        try:
+            return Batch.from_json(line)
+        except BatchFormatError as exc:
+            return f"version-0 line that is not a batch: {exc}"
+    return "not a spool record: neither 'EG<version> ...' nor a version-0 JSON object"
+
+
+def _keep(head: bytes) -> int:
+    """How much of a line that starts with ``head`` is worth keeping in memory."""
+    if head.startswith(b"{"):
+        return sys.maxsize  # a version-0 record: it has no length to check against
+    header = _HEADER.match(head)
+    if header is not None:
+        # Anything beyond its declared length makes it bad anyway.
+        return header.end() + int(header.group(1)) + 1
+    return _CHUNK
+
+
+def _lines(fh: BinaryIO) -> Iterator[tuple[int, bytes, int]]:
+    """``(line number, the line without its newline, its length in the file)``, streaming.
+
+    A line is held in memory whole only when it can be a record (up to its declared length);
+    any other line keeps its first ``_CHUNK`` bytes and the rest is skipped as it is read.
+    """
+    number = 0
+    while True:
+        part = fh.readline(_CHUNK)
+        if not part:
+            return
+        number += 1
+        if part.endswith(b"\n"):
+            yield number, part[:-1], len(part) - 1
+            continue
+        limit = _keep(part)
+        parts = [part]
+        kept = length = len(part)
+        while True:
+            more = fh.readline(_CHUNK)
+            if not more:
+                break
+            ended = more.endswith(b"\n")
+            if ended:
+                more = more[:-1]
+            length += len(more)
+            if kept < limit:
+                piece = more[: limit - kept]
+                parts.append(piece)
+                kept += len(piece)
+            if ended:
+                break
+        yield number, b"".join(parts), length
+
+
+class SpoolFile:
+    """One spool file, claimed by this process until :meth:`Spool.done` or :meth:`Spool.release`."""
+
+    __slots__ = ("_bad", "_batches", "_fh", "path")
+
+    def __init__(self, path: Path, fh: BinaryIO) -> None:
+        self.path = path
+        self._fh: BinaryIO | None = fh
+        self._batches: list[Batch] | None = None
+        self._bad = 0
+
+    def __repr__(self) -> str:
+        return f"SpoolFile({str(self.path)!r}, claimed={self.claimed})"
+
+    @property
+    def claimed(self) -> bool:
+        return self._fh is not None
+
+    def records(self) -> Iterator[Batch | BadRecord]:
+        """Every record of the file, in order, streaming: one line in memory at a time.
+
+        Never raises for the file's content: what cannot be loaded is a :class:`BadRecord`.
+        One iteration at a time (each starts from the beginning of the file).
+        """
+        fh = self._claimed()
+        fh.seek(0)
+        for number, line, length in _lines(fh):
+            if not line or line.isspace():
+                continue
+            found = _decode(line, length)
+            if isinstance(found, str):
+                if length > len(line):
+                    found = f"{found} (a line of {length} bytes: its first {len(line)} kept)"
+                yield BadRecord(self.path, number, found, line)
+            else:
+                yield found
+
+    def size_bytes(self) -> int:
+        return os.fstat(self._claimed().fileno()).st_size
+
+    # Kept for callers written before records(): the whole file in memory, read once.
+    @property
+    def batches(self) -> list[Batch]:
+        """Every batch of the file (loads it whole; prefer :meth:`records`)."""
+        if self._batches is None:
+            batches: list[Batch] = []
+            bad = 0
+            for record in self.records():
+                if isinstance(record, BadRecord):
+                    bad += 1
+                else:
+                    batches.append(record)
+            self._batches, self._bad = batches, bad
+        return self._batches
+
+    @property
+    def bad_lines(self) -> int:
+        """How many records of the file are bad (loads it whole; prefer :meth:`records`)."""
+        self.batches  # noqa: B018  # loads the file, counting the bad records
+        return self._bad
+
+    def _claimed(self) -> BinaryIO:
+        if self._fh is None:
+            raise ValueError(f"{self.path} is no longer claimed (done or released)")
+        return self._fh
+
+    def _close(self) -> None:
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            fh.close()  # releases the lock
 
 
 class Spool:
-    def __init__(self, path: Path) -> None:
+    """The spool at ``path`` and the files set aside from it for replay.
+
+    ``fsync=True`` makes each append durable against power loss (the page cache already survives
+    the process crashing) at the cost of a disk flush per append.
+    """
+
+    def __init__(self, path: Path, *, fsync: bool = False) -> None:
         self.path = path
+        self.fsync = fsync
 
     def append(self, batches: Iterable[Batch]) -> int:
-        data = b"".join(b.to_json() + b"\n" for b in batches)
-        if not data:
+        """Append ``batches`` as records, in one write; how many. Raises OSError only."""
+        records = [encode_record(b) for b in batches]
+        if not records:
             return 0
+        data = b"\n" + b"".join(records)  # the newline first: see "Record format" above
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = self._open_live()
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
+            if self.fsync:
+                os.fsync(fd)
         finally:
-            os.close(fd)
-        return data.count(b"\n")
+            os.close(fd)  # releases the shared lock
+        return len(records)
 
     def pending(self) -> bool:
-        return any(True for _ in self._files())
+        """Whether anything waits for replay (claimed by another process included)."""
+        return self.path.exists() or any(True for _ in self._aside())
+
+    def size_bytes(self) -> int:
+        """The bytes waiting for replay: the live file and every file set aside."""
+        total = 0
+        for path in (self.path, *self._aside()):
+            with contextlib.suppress(FileNotFoundError):  # replayed meanwhile
+                total += path.stat().st_size
+        return total
 
     def take(self) -> Iterator[SpoolFile]:
-        """Each spooled file, renamed aside first; call :meth:`done` once one is applied."""
-        if self.path.exists():
-            aside = self.path.with_name(f"{self.path.name}{_REPLAYING}{uuid.uuid4().hex}")
-            os.replace(self.path, aside)
-        for path in sorted(self._files(replaying_only=True)):
-            batches: list[Batch] = []
-            bad = 0
-            with path.open("rb") as fh:
-                for line in fh:
-                    if not line.strip():
-                        continue
-                    try:
-                        batches.append(Batch.from_json(line))
-                    except (ValueError, KeyError, TypeError):
-                        bad += 1
-            yield SpoolFile(path, batches, bad)
+        """Each spool file this process could claim, oldest first, the live one set aside first.
 
-    @staticmethod
-    def done(file: SpoolFile) -> None:
-        if file.bad_lines:
-            # Keep what could not be read for a person to look at; it is never replayed again.
+        Call :meth:`done` once a file is applied, or :meth:`release` to keep it for the next
+        replay. A file still claimed when the iteration is closed early (``break``, an exception)
+        is released; one left claimed otherwise is released when it is garbage-collected.
+        """
+        own = self._set_aside()
+        for path in sorted(self._aside()):
+            file = _claim(path, _CLAIM_PATIENCE if path == own else 0.0)
+            if file is None:
+                continue  # another process is replaying it, or it is gone
+            try:
+                yield file
+            except GeneratorExit:
+                self.release(file)
+                raise
+
+    def done(self, file: SpoolFile) -> None:
+        """``file`` is applied: remove it and release the claim.
+
+        Its bad records go with it: :meth:`SpoolFile.records` handed each to the caller to keep.
+        Only a file read through the older :attr:`SpoolFile.batches`, which hands out no bad
+        records, is kept as ``<name>.corrupt-...`` when it had some, for a person to look at.
+        """
+        if not file.claimed:
+            raise ValueError(f"{file.path} is not claimed (already done or released)")
+        # While still holding the claim: no other replay can take it in between.
+        if file._bad and file._batches is not None:
             os.replace(file.path, file.path.with_name(file.path.name.replace(_REPLAYING, ".corrupt-")))
         else:
             file.path.unlink(missing_ok=True)
+        file._close()
 
-    def _files(self, replaying_only: bool = False) -> Iterator[Path]:
+    def release(self, file: SpoolFile) -> None:
+        """Release the claim on ``file`` and keep it for the next replay (idempotent)."""
+        file._close()
+
+    def _set_aside(self) -> Path | None:
+        if not self.path.exists():
+            return None
+        aside = self.path.with_name(
+            f"{self.path.name}{_REPLAYING}{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
+        )
+        try:
+            os.replace(self.path, aside)
+        except FileNotFoundError:
+            return None  # another replay set it aside first
+        return aside
+
+    def _aside(self) -> Iterator[Path]:
         if not self.path.parent.is_dir():
             return
-        if not replaying_only and self.path.exists():
-            yield self.path
-        yield from self.path.parent.glob(f"{self.path.name}{_REPLAYING}*")
+        yield from self.path.parent.glob(f"{_glob_escape(self.path.name)}{_REPLAYING}*")
+
+    def _open_live(self) -> int:
+        """The live file, open for appending, under a shared lock, and still the live file.
+
+        A replay may set the file aside between ``open`` and ``flock``: then this writes to the
+        new live file instead, so nothing lands in a file that is being (or has been) replayed.
+        """
+        for _ in range(_APPEND_TRIES):
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                if _lock(fd, exclusive=False) and _same(fd, self.path):
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+        # Set aside over and over by replays: append anyway (the next replay takes it).
+        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # pragma: no cover
+
+
+def _glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def _same(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    fst = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+
+def _claim(path: Path, patience: float) -> SpoolFile | None:
+    try:
+        fh = path.open("rb")
+    except FileNotFoundError:
+        return None
+    try:
+        deadline = time.monotonic() + patience
+        while not _lock(fh.fileno(), exclusive=True):
+            # Held: by another replay (skip it), or by an append still writing to the file this
+            # replay has just set aside (a moment).
+            if time.monotonic() >= deadline:
+                fh.close()
+                return None
+            time.sleep(0.002)
+        if not _same(fh.fileno(), path):
+            fh.close()  # done by another process between our open and our lock
+            return None
+    except BaseException:
+        fh.close()
+        raise
+    return SpoolFile(path, fh)
+
+
+if sys.platform == "win32":  # pragma: no cover
+
+    def _lock(fd: int, *, exclusive: bool) -> bool:
+        return True  # no flock: one replaying process at a time is up to the operator
+
+else:
+    import fcntl
+
+    _unlocked_warned = False
+
+    def _lock(fd: int, *, exclusive: bool) -> bool:
+        """Take ``flock`` without waiting; False when another open file holds it."""
+        global _unlocked_warned
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        except OSError as exc:  # a file system without flock: carry on, unlocked
+            if not _unlocked_warned:
+                _unlocked_warned = True
+                log.warning(
+                    "eventguard sink: cannot lock the spool (%s); replay it from one process only", exc
+                )
+        return True
