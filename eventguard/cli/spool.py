@@ -41,20 +41,28 @@ def replay(
     database_url: DatabaseUrl = None,
     json: Json = False,
 ) -> None:
-    """Load the spool into the database, idempotently; each file is removed once loaded."""
+    """Load the spool into the database, idempotently; each file is removed once loaded.
+
+    Files are read a record at a time, and each is claimed while it is loaded: two replays at once
+    (two processes, a server starting) never load the same file, and each counts only its own.
+    """
     url = resolve(database_url)
     ensure_exists(url)
 
-    async def work() -> tuple[Path, ReplayResult]:
+    async def work() -> tuple[Path, ReplayResult, int]:
         await check_schema(url)
         sink = SqlSink(url, spool_path=spool, auto_migrate=False)
         try:
-            return sink.spool.path, await sink.replay_spool()
+            result = await sink.replay_spool()
+            # What is still there: written meanwhile, kept after an outage, or another replay's.
+            return sink.spool.path, result, sink.spool.size_bytes()
         finally:
             await sink.aclose()
 
     with errors(url):
-        path, result = run(work)
+        path, result, waiting = run(work)
+    # Bad records go to the database's quarantine once the sink has one; until then, only counted.
+    quarantined: int | None = getattr(result, "quarantined", None)
     if json:
         emit_json(
             {
@@ -63,19 +71,29 @@ def replay(
                 "files": result.files,
                 "batches": result.batches,
                 "events": result.events,
-                "bad_lines": result.bad_lines,
+                "bad_records": result.bad_lines,
+                "bad_lines": result.bad_lines,  # the earlier name
+                "quarantined": quarantined,
+                "pending_bytes": waiting,
                 "refusals": [str(r) for r in result.refusals],
             }
         )
         return
+    shown = str(path)
     if result.files == 0:
-        out.print(f"nothing to replay in {path}", markup=False)
-        return
-    out.print(
-        f"replayed {result.files} file(s) from {path}: {result.batches} batches, {result.events} events",
-        markup=False,
-    )
+        out.print(f"nothing to replay in {shown}", markup=False)
+    else:
+        out.print(
+            f"replayed {result.files} file(s) from {shown}: {result.batches} batches, {result.events} events",
+            markup=False,
+        )
     if result.bad_lines:
-        out.print(f"{result.bad_lines} unreadable line(s) kept aside as .corrupt- files", markup=False)
+        where = "" if quarantined is None else f", {quarantined} quarantined in the database"
+        out.print(f"{result.bad_lines} bad record(s){where}", markup=False)
     for refusal in result.refusals:
         out.print(f"refused: {refusal}", markup=False)
+    if waiting:
+        out.print(
+            f"{waiting} bytes still in the spool (written meanwhile, or being replayed by another process)",
+            markup=False,
+        )
