@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
+import orjson
 import pytest
 from sqlalchemy import func, select
 
 from eventguard import guard
 from eventguard.sink import SqlSink
+from eventguard.sink.spool import Spool
 from eventguard.sink.tables import events, responses
 
 from .conftest import PG_DSN, PG_URL, Target
@@ -183,9 +185,7 @@ async def test_postgres_connection_killed_mid_stream(pg_target: Target) -> None:
 
 @pytest.mark.postgres
 async def test_postgres_stuck_write_spools_at_statement_timeout(pg_target: Target) -> None:
-    sink = SqlSink(
-        pg_target.url, schema=pg_target.schema, spool_path=pg_target.spool, statement_timeout=0.5
-    )
+    sink = SqlSink(pg_target.url, schema=pg_target.schema, spool_path=pg_target.spool, statement_timeout=0.5)
     evs = script("resp_stuck", n_deltas=8)
     async with asyncio.timeout(60):
         await sink.start()
@@ -227,3 +227,76 @@ async def test_full_buffer_spills_to_the_spool(sqlite_target: Target) -> None:
         await sink.replay_spool()
         assert await _counts(sink, "resp_full") == (500, 500, "completed")
         await sink.aclose()
+
+
+def _down_url(target: Target, tmp_path: Path) -> str:
+    if target.kind == "sqlite":
+        blocker = tmp_path / "not-a-dir"
+        blocker.touch()
+        return f"sqlite+aiosqlite:///{blocker / 'eg.db'}"
+    return "postgresql+asyncpg://postgres@127.0.0.1:1/test"
+
+
+async def test_a_torn_spool_line_takes_no_batch_with_it(target: Target, tmp_path: Path) -> None:
+    # Issue 11, defect 3: a crash leaves half a line; the restarted sink appends its next batch
+    # after it. Both the batches before and the one after replay; the fragment is a bad record.
+    async with asyncio.timeout(60):
+        first = SqlSink(_down_url(target, tmp_path), schema=target.schema, spool_path=target.spool)
+        await _drive(first, script("resp_before", n_deltas=3), {})
+        await first.aclose()
+        with target.spool.open("ab") as fh:
+            fh.write(b'EG1 900 0badc0de {"response_id": "resp_cut", "att')  # the process died here
+        again = SqlSink(_down_url(target, tmp_path), schema=target.schema, spool_path=target.spool)
+        await _drive(again, script("resp_after", n_deltas=3), {})
+        await again.aclose()
+
+        up = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
+        await up.start()
+        result = await up.replay_spool()
+        assert result.bad_lines == 1
+        assert await _counts(up, "resp_before") == (7, 7, "completed")
+        assert await _counts(up, "resp_after") == (7, 7, "completed")
+        await up.aclose()
+    assert not list(target.spool.parent.glob("*.replaying-*"))
+
+
+async def test_a_record_of_the_wrong_shape_does_not_stop_the_replay(target: Target) -> None:
+    # Issue 11, defect 3: valid JSON of the wrong shape ("row": null) made replay raise
+    # AttributeError, which left the whole file behind as .replaying-*.
+    from .test_spool_format import framed, make_batch
+
+    good = [make_batch("resp_shape_1"), make_batch("resp_shape_2")]
+    wrong = orjson.loads(good[0].to_json())
+    wrong["row"] = None
+    spool = Spool(target.spool)
+    spool.append([good[0]])
+    with target.spool.open("ab") as fh:
+        fh.write(framed(orjson.dumps(wrong)) + orjson.dumps({**wrong, "response_id": "v0"}) + b"\n")
+    spool.append([good[1]])
+    async with asyncio.timeout(60):
+        sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
+        await sink.start()
+        result = await sink.replay_spool()
+        assert (result.batches, result.bad_lines) == (2, 2)
+        for rid in ("resp_shape_1", "resp_shape_2"):
+            assert await _counts(sink, rid) == (3, 3, "failed")
+        await sink.aclose()
+    assert not sink.spool.pending()
+
+
+async def test_a_lone_surrogate_is_spooled_not_lost(
+    sqlite_target: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 11, defect 2: a lone surrogate anywhere in a batch made to_json raise, and the sink,
+    # which only expects OSError from the spool, lost the batch.
+    from .test_spool_format import make_batch
+
+    caplog.set_level(logging.ERROR, logger="eventguard.sink")
+    batch = make_batch("resp_\udcff", text="undecodable \udcff byte")
+    sink = SqlSink(sqlite_target.url, spool_path=sqlite_target.spool)
+    sink._to_spool([batch], None)
+    assert sink.stats.batches_spooled == 1
+    assert "lost" not in caplog.text
+    (file,) = sink.spool.take()
+    assert list(file.records()) == [batch]
+    sink.spool.done(file)
