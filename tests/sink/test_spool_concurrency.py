@@ -240,3 +240,67 @@ def test_bad_records_are_handed_out_once_too(tmp_path: Path) -> None:
     results = [json.loads(_finish(p)) for p in procs]
     assert sum(r["bad"] for r in results) == 1
     assert sorted(rid for r in results for rid in r["ids"]) == ["resp_1"]
+
+
+# The two races below, made certain: the other party acts exactly inside the window.
+
+
+def test_a_file_done_between_open_and_lock_is_not_claimed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import eventguard.sink.spool as spool_module
+
+    path = tmp_path / "spool.jsonl"
+    first = Spool(path)
+    first.append([make_batch("resp_1")])
+    files = first.take()
+    held = next(files)
+    real = spool_module._lock
+
+    def done_meanwhile(fd: int, *, exclusive: bool) -> bool:
+        if exclusive and held.claimed:
+            first.done(held)  # the first replay finishes after the second opened the file
+        return real(fd, exclusive=exclusive)
+
+    monkeypatch.setattr(spool_module, "_lock", done_meanwhile)
+    assert list(Spool(path).take()) == []  # the file it opened is gone: nothing replayed twice
+    assert not held.claimed and not first.pending()
+
+
+@pytest.mark.parametrize("window", ["before_the_lock", "before_the_write"])
+def test_an_append_whose_file_is_set_aside_meanwhile_is_replayed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, window: str
+) -> None:
+    import eventguard.sink.spool as spool_module
+
+    path = tmp_path / "spool.jsonl"
+    spool = Spool(path)
+    spool.append([make_batch("resp_0")])
+    during: list[str] = []
+
+    def another_replay() -> None:
+        if not during:
+            during.append("replayed")
+            during.extend(_replay_here(Spool(path)))
+
+    real_lock, real_write = spool_module._lock, os.write
+
+    def lock(fd: int, *, exclusive: bool) -> bool:
+        if not exclusive:
+            another_replay()  # between the append's open and its lock
+        return real_lock(fd, exclusive=exclusive)
+
+    def write(fd: int, data: Any) -> int:
+        if bytes(data[:4]) == b"\nEG1":
+            another_replay()  # between the append's lock and its write
+        return real_write(fd, data)
+
+    if window == "before_the_lock":
+        monkeypatch.setattr(spool_module, "_lock", lock)
+    else:
+        monkeypatch.setattr(os, "write", write)
+    spool.append([make_batch("resp_1")])
+    monkeypatch.undo()
+    assert during[0] == "replayed"
+    assert sorted(during[1:] + _replay_here(spool)) == ["resp_0", "resp_1"]
+    assert not spool.pending()

@@ -500,15 +500,17 @@ def test_release_keeps_the_file_for_the_next_replay(tmp_path: Path) -> None:
 def test_stopping_early_releases_the_file_being_replayed(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "spool.jsonl")
     spool.append([make_batch("resp_1")])
+    held: list[SpoolFile] = []
 
     def outage() -> None:
         for file in spool.take():
+            held.append(file)  # the caller still holds it: only take() can release it
             next(iter(file.records()))
             raise ConnectionError("the database went away again")
 
     with pytest.raises(ConnectionError):
         outage()
-    gc.collect()
+    assert not held[0].claimed
     assert [b.response_id for b in batches_of(replay(spool))] == ["resp_1"]
 
 
