@@ -80,7 +80,7 @@ class BadRecord:
     """A record that cannot be replayed: torn, garbled, the wrong shape, or of an unknown version."""
 
     path: Path
-    #: Its line number in the file, from 1.
+    #: Its line number in the file, from 1, counting the empty lines appends leave (``sed -n Np``).
     line: int
     #: Why, for a person to read.
     reason: str
@@ -323,12 +323,14 @@ class Spool:
         """
         if not file.claimed:
             raise ValueError(f"{file.path} is not claimed (already done or released)")
-        # While still holding the claim: no other replay can take it in between.
-        if file._bad and file._batches is not None:
-            os.replace(file.path, file.path.with_name(file.path.name.replace(_REPLAYING, ".corrupt-")))
-        else:
-            file.path.unlink(missing_ok=True)
-        file._close()
+        try:
+            # While still holding the claim: no other replay can take it in between.
+            if file._bad and file._batches is not None:
+                os.replace(file.path, file.path.with_name(file.path.name.replace(_REPLAYING, ".corrupt-")))
+            else:
+                file.path.unlink(missing_ok=True)
+        finally:
+            file._close()
 
     def release(self, file: SpoolFile) -> None:
         """Release the claim on ``file`` and keep it for the next replay (idempotent)."""
@@ -388,6 +390,9 @@ def _claim(path: Path, patience: float) -> SpoolFile | None:
     try:
         fh = path.open("rb")
     except FileNotFoundError:
+        return None
+    except OSError as exc:  # unreadable: the others are still replayed; this one stays pending
+        log.error("eventguard sink: cannot open the spool file %s: %s", path, exc)
         return None
     try:
         deadline = time.monotonic() + patience

@@ -604,3 +604,11 @@ def test_appends_are_one_write_each(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert spool.append([]) == 0
     assert len(writes) == 1
     assert (tmp_path / "spool.jsonl").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_file_that_cannot_be_opened_does_not_stop_the_others(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool.jsonl")
+    (tmp_path / "spool.jsonl.replaying-0-unreadable").mkdir()  # cannot be opened as a file
+    spool.append([make_batch("resp_1")])
+    assert [b.response_id for b in batches_of(replay(spool))] == ["resp_1"]
+    assert spool.pending()  # still there, for a person to look at
