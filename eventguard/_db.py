@@ -6,14 +6,19 @@ the transaction mode and the pooler setting are the same everywhere.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 import orjson
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
@@ -32,7 +37,7 @@ def resolve_url(url: str | URL | None) -> URL:
     """
     if url is None:
         url = os.environ.get(ENV_URL) or f"sqlite+aiosqlite:///{DEFAULT_SQLITE_FILE}"
-    parsed = make_url(url) if isinstance(url, str) else url
+    parsed = _parse(url) if isinstance(url, str) else url
     backend = parsed.get_backend_name()
     driver = parsed.get_driver_name()
     if backend == "sqlite" and driver != "aiosqlite":
@@ -44,9 +49,218 @@ def resolve_url(url: str | URL | None) -> URL:
     return parsed
 
 
-def safe_url(url: URL) -> str:
-    """The URL for logs and error messages: never the password."""
-    return url.render_as_string(hide_password=True)
+#: Query parameters whose value is shown as ``***``: any name containing one of these words
+#: (case and ``_``/``-``/``.`` ignored): password, passwd, pwd, sslpassword, secret, token, key,
+#: sslkey, api_key, credentials, auth..., signature, cookie, session, private...
+_SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key|cred|auth|sig|cookie|session|private")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*")
+#: Something that looks like a URL inside free text: ``scheme://`` up to the next whitespace.
+_URL_IN_TEXT = re.compile(r"(?:[A-Za-z][A-Za-z0-9+.\-]*)?://\S*")
+MASK = "***"
+
+
+def _parse(url: str) -> URL:
+    """``make_url``, with errors that never quote the string (the parser's may: a bad port, or the
+    whole URL on older SQLAlchemy releases)."""
+    try:
+        return make_url(url)
+    except ArgumentError:
+        raise ArgumentError(f"not a database URL: {safe_url(url)!r}") from None
+    except ValueError:
+        why = url_problem(url) or "it cannot be parsed"
+        raise ValueError(f"bad database URL {safe_url(url)!r}: {why}") from None
+
+
+def safe_url(url: URL | str) -> str:
+    """Any URL, or anything meant as one, as it may be shown: in output, errors, logs, reprs.
+
+    Never a secret: the password is ``***``; so is the value of every query parameter whose name
+    suggests a secret (see ``_SECRET_PARAM``); a password with an unencoded ``@`` (which the parser
+    reads into the host) is masked whole. Text that cannot be read as a URL unambiguously (it does
+    not parse, or holds a control or other non-printable character) is shown as its scheme and
+    ``***`` only: ``postgresql+asyncpg://***``, or ``***`` without a recognisable scheme.
+    """
+    if isinstance(url, URL):
+        return _render(url)
+    text = str(url)
+    if not text.isprintable():
+        return _opaque(text)
+    try:
+        parsed = make_url(text)
+    except Exception:  # ArgumentError, a bad port (ValueError), anything: show nothing of it
+        return _opaque(text)
+    return _render(parsed)
+
+
+def _opaque(text: str) -> str:
+    scheme, sep, _rest = text.partition("://")
+    if sep and _SCHEME.fullmatch(scheme):
+        return f"{scheme}://{MASK}"
+    return MASK
+
+
+def _is_secret_param(name: str) -> bool:
+    return _SECRET_PARAM.search(re.sub(r"[\s_.\-]", "", name.lower())) is not None
+
+
+def _render(url: URL) -> str:
+    parts = [url.drivername, url.username, url.host, url.database, *url.query]
+    for value in url.query.values():
+        parts.extend([value] if isinstance(value, str) else value)
+    if not all(isinstance(p, str) and p.isprintable() for p in parts if p is not None):
+        return _opaque(f"{url.drivername}://")
+    host = url.host
+    if host is not None and "@" in host:
+        # user:p@ss@host: the parser stops the password at the first "@" and keeps the rest in
+        # the host. The real host is after the last "@"; everything before it is password.
+        host = host.rsplit("@", 1)[1]
+        if url.password is None:
+            return _opaque(f"{url.drivername}://")
+    if url.database is not None and "@" in url.database and (url.username or url.password):
+        # user:p@ss/word@host/db: the password ran into the path; nothing here is reliable.
+        return _opaque(f"{url.drivername}://")
+    base = url.set(host=host, query={}).render_as_string(hide_password=True)
+    if not url.query:
+        return base
+    pairs = []
+    for key in sorted(url.query):
+        values = url.query[key]
+        for value in [values] if isinstance(values, str) else values:
+            if _is_secret_param(key):
+                shown = MASK
+            elif "://" in value or "@" in value:
+                shown = quote_plus(safe_url(value), safe="*:/@")
+            else:
+                shown = quote_plus(value, safe="*")
+            pairs.append(f"{quote_plus(key)}={shown}")
+    return f"{base}?{'&'.join(pairs)}"
+
+
+def url_secrets(url: URL | str | None) -> set[str]:
+    """Every secret a URL holds, in every form it may be printed in (raw, decoded, percent-encoded,
+    escaped): what :func:`scrub` removes from error text before it is shown."""
+    if url is None:
+        return set()
+    found: set[str] = set()
+    parsed: URL | None
+    if isinstance(url, URL):
+        parsed = url
+    else:
+        text = str(url)
+        try:
+            parsed = make_url(text)
+        except Exception:
+            parsed = None
+        found |= _raw_secrets(text, loose=parsed is None or _ambiguous(parsed))
+    if parsed is not None:
+        password = None if parsed.password is None else str(parsed.password)
+        if parsed.host is not None and "@" in parsed.host:
+            # user:p@ss@host: the password is "p@ss"; the parser holds "p" and the host "ss@host".
+            head = parsed.host.rsplit("@", 1)[0]
+            found.add(head)
+            if password is not None:
+                found.add(f"{password}@{head}")
+        elif password and not _ambiguous(parsed):
+            found.add(password)  # (when ambiguous, the loose reading above has the whole of it)
+        for key, values in parsed.query.items():
+            if _is_secret_param(key):
+                found.update([values] if isinstance(values, str) else values)
+    return {form for secret in found if secret for form in _forms(secret)}
+
+
+def _ambiguous(url: URL) -> bool:
+    """Whether the parser may have split a password with an unencoded "@" in the wrong place."""
+    if url.host is not None and "@" in url.host:
+        return True
+    return url.database is not None and "@" in url.database and bool(url.username or url.password)
+
+
+def _raw_secrets(text: str, *, loose: bool) -> set[str]:
+    """The password and the secret query values as written in the raw string (not decoded).
+
+    ``loose``, for a string the parser cannot read unambiguously: the userinfo runs to the last
+    "@", the password from its first ":". Otherwise the parser's own reading.
+    """
+    found: set[str] = set()
+    _scheme, sep, rest = text.partition("://")
+    if not sep:
+        return found  # not meant as a URL
+    if loose:
+        if "@" in rest:
+            userinfo = rest.rsplit("@", 1)[0]
+            if ":" in userinfo:
+                found.add(userinfo.split(":", 1)[1])
+    else:
+        match = re.match(r"[^:/]*:([^@]*)@", rest)
+        if match is not None:
+            found.add(match.group(1))
+    if "?" in rest:
+        for piece in rest.split("?", 1)[1].split("&"):
+            key, eq, value = piece.partition("=")
+            if eq and _is_secret_param(unquote_plus(key)):
+                found.add(value)
+    return found
+
+
+def _forms(secret: str) -> set[str]:
+    forms = {
+        secret,
+        unquote(secret),
+        unquote_plus(secret),
+        quote(secret, safe=""),
+        quote(secret, safe=" +"),  # SQLAlchemy's rendering
+        quote(secret),
+        quote_plus(secret),
+        repr(secret)[1:-1],
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        # quoted inside a message: backslash-escaped, or SQL-style doubled quotes
+        secret.replace("\\", "\\\\").replace("'", "\\'").replace('"', '\\"'),
+        secret.replace("'", "''"),
+    }
+    forms |= {re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), f) for f in forms}
+    return {f for f in forms if f}
+
+
+def scrub(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with every known secret replaced by ``***`` (longest first), then every URL in it
+    rendered by :func:`safe_url`: the last step before an error or a log line is shown."""
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, MASK)
+    return _URL_IN_TEXT.sub(_safe_match, text)
+
+
+def _safe_match(match: re.Match[str]) -> str:
+    token = match.group(0)
+    if "@" not in token and "?" not in token:
+        return token  # no userinfo, no query: nothing secret (a plain path, a host)
+    body = token.rstrip("'\"),;:.!]>}")  # the quote, bracket or colon after a URL in a message
+    return safe_url(body) + token[len(body) :]
+
+
+def url_problem(raw: str) -> str | None:
+    """Why this string cannot be used as a database URL as written, in words that quote none of it;
+    None when nothing obvious is wrong (the parser may still refuse it)."""
+    for ch in raw:
+        if not ch.isprintable():
+            shown = ch.encode("unicode_escape").decode("ascii")
+            return f"it contains a control or invisible character ({shown}): a stray newline at the end?"
+    _scheme, sep, rest = raw.partition("://")
+    if not sep:
+        return None
+    try:
+        parsed = make_url(raw)
+    except ValueError:  # the only one make_url raises besides ArgumentError: int(port)
+        if rest.count("@") > 1:
+            return _AT_HINT
+        return "its port is not a number (a ':' or '@' in a password must be percent-encoded)"
+    except Exception:
+        return None
+    return _AT_HINT if _ambiguous(parsed) else None
+
+
+_AT_HINT = "the password holds an unencoded '@' (percent-encode it: %40)"
 
 
 def is_sqlite(url: URL) -> bool:
