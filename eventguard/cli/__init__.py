@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from eventguard.cli import db, demo, maintenance, responses, spool, stats, verify
+from eventguard.cli._common import SafeGroup
 
 __all__ = ["app", "main"]
 
@@ -19,6 +20,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # usage errors as one plain line, like ours
+    cls=SafeGroup,  # ... and never with a password or a raw control character in it
 )
 app.command("demo")(demo.command)
 app.add_typer(db.app, name="db")

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import os
 import re
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
@@ -19,7 +20,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError
+from typer.core import TyperGroup
 
 from eventguard import _db
 from eventguard.errors import EventGuardError
@@ -46,10 +48,52 @@ DatabaseUrl = Annotated[
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of tables.")]
 
-out = Console(highlight=False, soft_wrap=False)
+# Nothing we print is read as rich markup or :emoji: codes: stored data goes through printable()
+# and reaches rich as plain text.
+out = Console(highlight=False, soft_wrap=False, markup=False, emoji=False)
 if not out.is_terminal and "COLUMNS" not in os.environ:
     out.width = 160  # piped into a file or a pager: ids stay whole; a terminal's own width otherwise
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, markup=False, emoji=False)
+
+
+def printable(value: object) -> str:
+    """``value`` as text that is safe on a terminal: the one escaper every printer uses.
+
+    Every character Python's ``repr`` would escape is shown as its escape, so stored data (ids,
+    error text, event types, agent names, reasons) can neither drive the terminal nor hide: C0
+    controls (``\\n``, ``\\r``, ``\\t``, ``\\x1b`` ...), DEL, C1 controls, bidi overrides and
+    isolates (``\\u202e``, ``\\u2066``), other invisible format characters, line and
+    paragraph separators, non-ASCII spaces, private-use and unassigned code points, lone
+    surrogates (``\\udcff``). Everything else, backslashes included, is shown as it is.
+    """
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
+_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _escape(ch: str) -> str:
+    named = _NAMED.get(ch)
+    if named is not None:
+        return named
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def say(text: str) -> None:
+    """Print one line of plain output (escaped; never markup)."""
+    out.print(Text(printable(text)))
+
+
+#: click's base exception, whichever click typer runs on (its own copy, or click itself).
+_CLICK_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
 class CliError(Exception):
@@ -60,35 +104,42 @@ def fail(message: str) -> NoReturn:
     raise CliError(message)
 
 
+#: Every secret of every URL this process was given: the final scrub removes them from any error.
+_SECRETS: set[str] = set()
+
+
+def remember_secrets(*urls: URL | str | None) -> set[str]:
+    """Note the secrets of these URLs (and of ``EVENTGUARD_DATABASE_URL``); all of them so far."""
+    for url in (*urls, os.environ.get(_db.ENV_URL)):
+        _SECRETS.update(_db.url_secrets(url))
+    return set(_SECRETS)
+
+
+def scrub(text: str, secrets: Iterable[str] = ()) -> str:
+    """Error or log text as it may be shown: no known secret, no password in any URL in it."""
+    return _db.scrub(text, {*_SECRETS, *secrets})
+
+
 def resolve(url: str | None) -> URL:
     """The database URL, parsed and checked; a bad one is a one-line error (never with its password)."""
-    raw = url
+    remember_secrets(url)
+    raw = url if url is not None else os.environ.get(_db.ENV_URL) or None
+    if raw is not None:
+        problem = _db.url_problem(raw)
+        if problem is not None:
+            fail(f"bad database URL {_db.safe_url(raw)!r}: {problem}")
     try:
-        return _db.resolve_url(raw)
-    except (ArgumentError, ValueError) as exc:
-        shown = _scrub(raw or "", raw)
-        reason = str(exc).split("\n", 1)[0]
-        if isinstance(exc, ArgumentError):
-            reason = "not a database URL (expected e.g. sqlite:///eventguard.db or postgresql://host/db)"
-        fail(f"bad database URL {shown!r}: {_scrub(reason, raw)}")
+        return _db.resolve_url(url)
+    except ArgumentError:
+        reason = "not a database URL (expected e.g. sqlite:///eventguard.db or postgresql://host/db)"
+    except ValueError as exc:  # ours ("unsupported database ..."), or the parser's on a bad port
+        text = str(exc)
+        reason = text if text.startswith("unsupported database") else "cannot read it as a URL"
+    fail(f"bad database URL {_db.safe_url(raw or '')!r}: {reason}")
 
 
 def shown_url(url: URL) -> str:
     return _db.safe_url(url)
-
-
-def _scrub(text: str, raw_url: str | None) -> str:
-    """Remove a password from ``text``: both as it appears in the raw URL and in any URL inside."""
-    password: str | None = None
-    if raw_url:
-        try:
-            password = _db.resolve_url(raw_url).password
-        except Exception:  # an unparseable URL: fall back to the regex below
-            password = None
-    if password:
-        text = text.replace(str(password), "***")
-    # user:password@host anywhere in the text
-    return re.sub(r"(://[^:/@\s]+:)[^@\s]+@", r"\1***@", text)
 
 
 def ensure_exists(url: URL) -> None:
@@ -114,34 +165,108 @@ def errors(url: URL | None = None) -> Iterator[None]:
     """Turn what can go wrong with a database into one line, with the password hidden."""
     try:
         yield
-    except CliError:
+    except (CliError, typer.Exit, typer.Abort, _CLICK_ERROR):
         raise
     except SchemaMismatchError as exc:
         fail(str(exc))
     except AlembicCommandError as exc:  # e.g. a revision this eventguard does not know
         fail(f"migration: {exc}")
-    except (SQLAlchemyError, OSError, ConnectionError, TimeoutError) as exc:
-        where = f" {shown_url(url)}" if url is not None else ""
-        orig = getattr(exc, "orig", None) or exc
-        text = str(orig).split("\n", 1)[0] or type(orig).__name__
-        raw = url.render_as_string(hide_password=False) if url is not None else None
-        fail(f"cannot use the database{where}: {type(orig).__name__}: {_scrub(text, raw)}")
     except EventGuardError as exc:
         fail(str(exc))
+    except Exception as exc:  # the driver's, SQLAlchemy's, the network's: all say "the database"
+        where = f" {shown_url(url)}" if url is not None else ""
+        orig = getattr(exc, "orig", None) or exc
+        lines = [line for line in str(orig).splitlines() if line.strip()]
+        text = lines[0] if lines else type(orig).__name__
+        fail(f"cannot use the database{where}: {type(orig).__name__}: {scrub(text, _db.url_secrets(url))}")
 
 
 def handled(fn: Callable[P, T]) -> Callable[P, T]:
-    """Decorate a command: a :class:`CliError` becomes one line on stderr and exit code 2."""
+    """Decorate a command: a :class:`CliError` becomes one line on stderr and exit code 2.
+
+    That line, and every log record made while the command runs, is scrubbed of the secrets of
+    the URL the command was given (``--database-url`` or ``EVENTGUARD_DATABASE_URL``) and escaped.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        url = kwargs.get("database_url")
+        secrets = remember_secrets(url if isinstance(url, str) else None)
         try:
-            return fn(*args, **kwargs)
+            with scrubbed_logs(secrets):
+                return fn(*args, **kwargs)
         except CliError as exc:
-            err.print(f"eventguard: error: {exc}", markup=False, soft_wrap=True)
+            err.print(Text(f"eventguard: error: {one_line(str(exc), secrets)}"), soft_wrap=True)
             raise typer.Exit(EXIT_ERROR) from None
 
     return wrapper
+
+
+def one_line(text: str, secrets: Iterable[str] = ()) -> str:
+    """Scrubbed of secrets, then escaped: a message that is one line and safe to print."""
+    return printable(scrub(text, secrets))
+
+
+@contextmanager
+def scrubbed_logs(secrets: Iterable[str]) -> Iterator[None]:
+    """While the command runs, every log record (ours, SQLAlchemy's, the driver's) is built scrubbed:
+    its message without secrets and escaped, its traceback without secrets."""
+    known = set(secrets)
+    previous = logging.getLogRecordFactory()
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string: leave it to logging to report
+            return record
+        record.msg, record.args = one_line(message, known), None
+        if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+            record.exc_text = scrub(logging.Formatter().formatException(record.exc_info), known)
+        if record.stack_info:
+            record.stack_info = scrub(record.stack_info, known)
+        return record
+
+    logging.setLogRecordFactory(factory)
+    try:
+        yield
+    finally:
+        logging.setLogRecordFactory(previous)
+
+
+_ARGV = "eventguard.argv"
+
+
+class SafeGroup(TyperGroup):
+    """The root command: usage errors (which quote what was typed) are scrubbed and escaped too."""
+
+    def make_context(self, info_name: Any, args: Any, parent: Any = None, **extra: Any) -> Any:
+        # A new invocation: what was typed may hold a URL, wherever it went (a misplaced argument,
+        # a bad option value). Its secrets are scrubbed from every error this invocation prints.
+        _SECRETS.clear()
+        remember_secrets(*(str(arg) for arg in args if "://" in str(arg)))
+        try:
+            ctx = super().make_context(info_name, args, parent=parent, **extra)
+        except _CLICK_ERROR as exc:
+            _clean_usage_error(exc, args)
+            raise
+        ctx.meta[_ARGV] = list(args)
+        return ctx
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _CLICK_ERROR as exc:
+            _clean_usage_error(exc, ctx.meta.get(_ARGV, ()))
+            raise
+
+
+def _clean_usage_error(exc: Exception, argv: Iterable[Any]) -> None:
+    secrets = remember_secrets(*(str(arg) for arg in argv if "://" in str(arg)))
+    for name in ("message", "ui_filename"):
+        value = getattr(exc, name, None)
+        if isinstance(value, str):
+            setattr(exc, name, one_line(value, secrets))
 
 
 def run(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -163,20 +288,28 @@ def store_command(url_option: str | None, work: Callable[[ResponseStore], Awaita
 
 
 def emit_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+    # ensure_ascii: every control, bidi character and lone surrogate is a \\u escape; valid JSON.
+    sys.stdout.write(json.dumps(value, indent=2, default=str, ensure_ascii=True) + "\n")
+
+
+def cell(value: Any) -> Text:
+    """A table cell: stored data as escaped plain text (a :class:`Text` keeps its style)."""
+    if isinstance(value, Text):
+        if value.plain.isprintable():
+            return value
+        return Text(printable(value.plain), style=value.style)
+    return Text("" if value is None else printable(value))
 
 
 def table(
     title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, keep: Sequence[str] = ()
 ) -> Table:
     """A table; the ``keep`` columns (ids) are never wrapped, so they can be copied whole."""
-    t = Table(title=title, title_justify="left", show_lines=False)
+    t = Table(title=None if title is None else cell(title), title_justify="left", show_lines=False)
     for column in columns:
-        t.add_column(column, overflow="fold", no_wrap=column in keep)
+        t.add_column(cell(column), overflow="fold", no_wrap=column in keep)
     for row in rows:
-        t.add_row(
-            *(cell if isinstance(cell, Text) else Text("" if cell is None else str(cell)) for cell in row)
-        )
+        t.add_row(*(cell(value) for value in row))
     return t
 
 

@@ -17,9 +17,9 @@ from eventguard.cli._common import (
     ensure_exists,
     errors,
     handled,
-    out,
     resolve,
     run,
+    say,
 )
 from eventguard.sink import migrate as _migrate
 
@@ -68,9 +68,9 @@ def upgrade(
         emit_json({"database_url": _db.safe_url(url), "before": list(before), "after": list(after)})
         return
     if before == after:
-        out.print(f"{_db.safe_url(url)}: already at {_rev(after)}", markup=False)
+        say(f"{_db.safe_url(url)}: already at {_rev(after)}")
     else:
-        out.print(f"{_db.safe_url(url)}: upgraded {_rev(before)} -> {_rev(after)}", markup=False)
+        say(f"{_db.safe_url(url)}: upgraded {_rev(before)} -> {_rev(after)}")
 
 
 @app.command()
@@ -91,7 +91,7 @@ def downgrade(
     if json:
         emit_json({"database_url": _db.safe_url(url), "before": list(before), "after": list(after)})
         return
-    out.print(f"{_db.safe_url(url)}: downgraded {_rev(before)} -> {_rev(after)}", markup=False)
+    say(f"{_db.safe_url(url)}: downgraded {_rev(before)} -> {_rev(after)}")
 
 
 @app.command()
@@ -122,9 +122,9 @@ def current(database_url: DatabaseUrl = None, json: Json = False) -> None:
             }
         )
         return
-    out.print(f"database: {_db.safe_url(url)}", markup=False)
-    out.print(f"current:  {_rev(now)}", markup=False)
-    out.print(f"head:     {_rev(expected)} ({state})", markup=False)
+    say(f"database: {_db.safe_url(url)}")
+    say(f"current:  {_rev(now)}")
+    say(f"head:     {_rev(expected)} ({state})")
 
 
 def _rev(revisions: tuple[str, ...]) -> str:

@@ -17,7 +17,9 @@ from eventguard.cli._common import (
     fail,
     handled,
     out,
+    printable,
     resolve,
+    say,
     table,
 )
 from eventguard.cli.responses import status_text
@@ -38,7 +40,7 @@ def command(database_url: DatabaseUrl = None, json: Json = False) -> None:
     url = resolve(database_url)
 
     def progress(message: str) -> None:
-        err.print(Text(message, style="dim"))
+        err.print(Text(printable(message), style="dim"))
 
     with errors(url):
         try:
@@ -58,9 +60,7 @@ def command(database_url: DatabaseUrl = None, json: Json = False) -> None:
     else:
         _print_table(result)
     if not result.ok:
-        err.print(
-            "eventguard: error: eventguard's record and the public API disagree (see the table)", markup=False
-        )
+        err.print(Text("eventguard: error: eventguard's record and the public API disagree (see the table)"))
         raise typer.Exit(1)
 
 
@@ -75,31 +75,28 @@ def _print_table(result: DemoResult) -> None:
             [
                 str(row.number),
                 row.scenario,
-                Text(row.unguarded.shown, style="bold red" if row.lie else ""),
-                Text.assemble(status_text(row.recorded_status), cause),
+                Text(printable(row.unguarded.shown), style="bold red" if row.lie else ""),
+                Text.assemble(status_text(row.recorded_status), printable(cause)),
                 status_text(row.public),
-                Text(row.verdict, style="bold red" if row.lie or not row.consistent else "green"),
+                Text(printable(row.verdict), style="bold red" if row.lie or not row.consistent else "green"),
             ]
         )
     columns = ["#", "scenario", "unguarded handler yielded", "eventguard recorded", "public API", "verdict"]
     out.print(table(None, columns, rows))
     versions = ", ".join(f"{name} {version}" for name, version in result.versions.items())
     caught = lies(result)
-    out.print(
-        f"{len(caught)} of {len(result.rows)} unguarded terminals lied; eventguard recorded what happened.",
-        markup=False,
-    )
-    out.print(
-        "Flags when the handler yielded its terminal: S cancellation signal, C client cancelled, D shutdown.",
-        markup=False,
-    )
-    out.print(f"Upstream: {versions}.", markup=False)
-    out.print(f"Stored in {result.url} in {result.seconds:.1f}s:", markup=False)
+    say(f"{len(caught)} of {len(result.rows)} unguarded terminals lied; eventguard recorded what happened.")
+    say("Flags when the handler yielded its terminal: S cancellation signal, C client cancelled, D shutdown.")
+    say(f"Upstream: {versions}.")
+    say(f"Stored in {result.url} in {result.seconds:.1f}s:")
     for row in result.rows:
-        out.print(f"  {row.number} {row.response_id}", markup=False)
+        say(f"  {row.number} {row.response_id}")
     out.print(
-        "Next: eventguard responses list --status cancelled | eventguard verify | "
-        f"eventguard responses show {result.rows[-1].response_id}",
-        markup=False,
+        Text(
+            printable(
+                "Next: eventguard responses list --status cancelled | eventguard verify | "
+                f"eventguard responses show {result.rows[-1].response_id}"
+            )
+        ),
         soft_wrap=True,
     )

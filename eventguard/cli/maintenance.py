@@ -12,8 +12,8 @@ from eventguard.cli._common import (
     Json,
     emit_json,
     handled,
-    out,
     parse_duration,
+    say,
     store_command,
 )
 from eventguard.store import ResponseStore
@@ -40,10 +40,9 @@ def prune(
     if json:
         emit_json(result.model_dump(mode="json"))
         return
-    out.print(
+    say(
         f"pruned responses ended more than {older_than} ago: {result.events} events, "
-        f"{result.transitions} transitions, {result.anomalies} anomalies, {result.responses} response rows",
-        markup=False,
+        f"{result.transitions} transitions, {result.anomalies} anomalies, {result.responses} response rows"
     )
 
 
@@ -73,8 +72,8 @@ def recover(
         emit_json({"policy": chosen, "marked": marked})
         return
     if not marked:
-        out.print(f"no response stuck for more than {older_than}", markup=False)
+        say(f"no response stuck for more than {older_than}")
         return
-    out.print(f"marked {len(marked)} response(s) {chosen}:", markup=False)
+    say(f"marked {len(marked)} response(s) {chosen}:")
     for response_id in marked:
-        out.print(f"  {response_id}", markup=False)
+        say(f"  {response_id}")

@@ -21,8 +21,10 @@ from eventguard.cli._common import (
     ms,
     out,
     parse_time,
+    printable,
     resolve,
     run,
+    say,
     table,
     when,
     with_store,
@@ -46,7 +48,7 @@ STATUS_STYLE = {
 
 
 def status_text(status: str | None) -> Text:
-    return Text(status or "-", style=STATUS_STYLE.get(status or "", ""))
+    return Text(printable(status or "-"), style=STATUS_STYLE.get(status or "", ""))
 
 
 @app.command("list")
@@ -81,7 +83,7 @@ def list_(
         emit_json([r.model_dump(mode="json") for r in records])
         return
     if not records:
-        out.print("no responses" + (f" with status {status}" if status else ""), markup=False)
+        say("no responses" + (f" with status {status}" if status else ""))
         return
     rows = [
         [
@@ -127,7 +129,9 @@ def show(
         emit_json(history.model_dump(mode="json"))
         return
     r = history.response
-    head = Text.assemble(r.response_id, "  ", status_text(r.status), f"  cause={r.cause or '-'}")
+    head = Text.assemble(
+        printable(r.response_id), "  ", status_text(r.status), printable(f"  cause={r.cause or '-'}")
+    )
     out.print(head)
     details = [
         ("agent", r.agent_name),
@@ -146,7 +150,7 @@ def show(
     ]
     for name, value in details:
         if value:
-            out.print(f"  {name:<14}{value}", markup=False)
+            say(f"  {name:<14}{value}")
     for attempt in history.attempts:
         _print_attempt(attempt, len(history.attempts) > 1)
 
@@ -169,7 +173,7 @@ def _print_attempt(attempt: Attempt, numbered: bool) -> None:
             table(f"anomalies{suffix}", ["source", "kind", "event", "at event", "reason"], anomaly_rows)
         )
     else:
-        out.print(f"no anomalies{suffix}", markup=False)
+        say(f"no anomalies{suffix}")
 
 
 def summarise_events(attempt: Attempt) -> list[list[Any]]:

@@ -15,6 +15,7 @@ from eventguard.cli._common import (
     ms,
     out,
     parse_time,
+    say,
     store_command,
     table,
 )
@@ -40,7 +41,7 @@ def command(
     if json:
         emit_json(stats.model_dump(mode="json"))
         return
-    out.print(f"{stats.total} responses" + (f" since {since}" if since else ""), markup=False)
+    say(f"{stats.total} responses" + (f" since {since}" if since else ""))
     if stats.by_status:
         rows = sorted(stats.by_status.items(), key=lambda kv: (-kv[1], kv[0]))
         out.print(table("by status", ["status", "count"], rows))

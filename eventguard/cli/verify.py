@@ -26,6 +26,7 @@ from eventguard.cli._common import (
     out,
     resolve,
     run,
+    say,
     table,
     with_store,
 )
@@ -225,8 +226,8 @@ def command(
         if report.disagreements:
             rows = [[d.response_id, d.attempt or "", d.problem] for d in report.disagreements[:limit]]
             out.print(table("disagreements", ["response", "attempt", "problem"], rows))
-            out.print(f"checked {report.checked} responses{note}: {bad} disagree", markup=False)
+            say(f"checked {report.checked} responses{note}: {bad} disagree")
         else:
-            out.print(f"checked {report.checked} responses{note}: no disagreement", markup=False)
+            say(f"checked {report.checked} responses{note}: no disagreement")
     if report.disagreements:
         raise typer.Exit(EXIT_FOUND)
