@@ -6,9 +6,13 @@ discriminated union; output and delta events are never inspected beyond their ``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
+from datetime import date, datetime, time
+from decimal import Decimal
 from enum import Enum
 from typing import Annotated, Any, Literal
+from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -111,26 +115,119 @@ _ACCEPTED_STATUSES: dict[str, frozenset[str]] = {
 
 
 def event_type_of(event: object) -> object:
-    """The ``type`` of a dict event or of a typed (``openai`` SDK) event; ``None`` when there is none."""
+    """The ``type`` of a dict event or of an event object; ``None`` when there is none.
+
+    An enum member whose value is a string (``EventType.COMPLETED``) is read as that string.
+    """
     if isinstance(event, Mapping):
-        return event.get("type")
-    return getattr(event, "type", None)
+        etype = event.get("type")
+    else:
+        try:
+            etype = getattr(event, "type", None)
+        except Exception:  # a property that raises: no usable type
+            return None
+    if isinstance(etype, Enum) and isinstance(etype.value, str):
+        return etype.value
+    return etype
+
+
+#: Leaves kept as they are when an event object is read into plain data (pydantic handles them).
+_LEAVES: tuple[type, ...] = (str, int, float, bool, type(None), bytes, datetime, date, time, Decimal, UUID)
+#: The fields a lifecycle event is read for, at any depth, when an object does not list its fields
+#: (a property, a class attribute): the event, its ``response`` snapshot, its ``usage`` and ``error``.
+_KNOWN_FIELDS: tuple[str, ...] = (
+    "type",
+    "sequence_number",
+    "response",
+    "id",
+    "status",
+    "created_at",
+    "usage",
+    "error",
+    "conversation",
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+    "code",
+    "message",
+)
+_MAX_DEPTH = 32
 
 
 def as_plain_dict(event: object) -> dict[str, Any] | None:
-    """A lifecycle event as a plain dict (typed SDK events are dumped); ``None`` when impossible."""
+    """A lifecycle event as plain data; ``None`` when it has no fields that can be read.
+
+    Reads a dict or any ``Mapping``, a pydantic model (``model_dump``), a dataclass, an attrs class,
+    an object with ``__slots__`` or a ``__dict__`` (``types.SimpleNamespace``), and, on any object,
+    the fields a lifecycle event is known to carry; nested values (the ``response`` snapshot and its
+    ``usage`` and ``error``) are read the same way. Only lifecycle events come here: a handful per
+    stream, never the hot path.
+    """
     if isinstance(event, dict):
         return event
-    if isinstance(event, Mapping):
-        return dict(event)
-    dump = getattr(event, "model_dump", None)
-    if callable(dump):
+    data = _plain(event, 0, set())
+    return data if isinstance(data, dict) else None
+
+
+def _plain(value: object, depth: int, seen: set[int]) -> Any:
+    """``value`` as JSON-like data: mappings and readable objects become dicts, sequences lists."""
+    if isinstance(value, Enum):
+        value = value.value
+    if isinstance(value, _LEAVES):
+        return value
+    if depth >= _MAX_DEPTH or id(value) in seen:
+        return repr(value)
+    seen.add(id(value))
+    try:
+        if isinstance(value, Mapping):
+            return {str(k): _plain(v, depth + 1, seen) for k, v in value.items()}
+        if isinstance(value, list | tuple | set | frozenset):
+            return [_plain(v, depth + 1, seen) for v in value]
+        fields = _fields_of(value)
+        if fields is None:
+            return repr(value)
+        return {k: _plain(v, depth + 1, seen) for k, v in fields.items()}
+    finally:
+        seen.discard(id(value))
+
+
+def _fields_of(obj: object) -> dict[str, Any] | None:
+    """The readable fields of an object, or ``None`` when it has none (a number-like, a function)."""
+    if isinstance(obj, type):
+        return None
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump):  # pydantic v2 (the openai SDK's events)
         try:
             dumped = dump(mode="json")
-        except Exception:  # a broken model_dump is bad input, reported by the caller as an anomaly
-            return None
-        return dumped if isinstance(dumped, dict) else None
-    return None
+        except Exception:  # a broken model_dump: read its attributes like any other object's
+            dumped = None
+        if isinstance(dumped, dict):
+            return dumped
+    fields: dict[str, Any] = {}
+    names: list[str] = []
+    if dataclasses.is_dataclass(obj):
+        names += [f.name for f in dataclasses.fields(obj)]
+    attrs_fields = getattr(type(obj), "__attrs_attrs__", None)
+    if attrs_fields is not None:
+        names += [a.name for a in attrs_fields]
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        names += [slots] if isinstance(slots, str) else list(slots)
+    own = getattr(obj, "__dict__", None)
+    if isinstance(own, dict):
+        names += list(own)
+    names += _KNOWN_FIELDS  # a property or a class attribute is listed nowhere else
+    for name in names:
+        if name in fields or name.startswith("_"):
+            continue
+        try:
+            value = getattr(obj, name)
+        except Exception:  # not set (an empty slot), or a property that cannot be read
+            continue
+        if callable(value) and not isinstance(value, type):
+            continue  # a method, not a field
+        fields[name] = value
+    return fields or None
 
 
 class LifecycleEventError(ValueError):
@@ -138,16 +235,26 @@ class LifecycleEventError(ValueError):
 
 
 def parse_lifecycle_event(event: object) -> LifecycleEvent:
-    """Validate a lifecycle event into its typed model, or raise :class:`LifecycleEventError`."""
+    """Validate a lifecycle event into its typed model, or raise :class:`LifecycleEventError`.
+
+    A dict is validated as it is; only when that fails is it read again as plain data, for a dict
+    that carries objects (a ``response`` that is a model or a dataclass, a ``usage`` object).
+    """
     data = as_plain_dict(event)
     if data is None:
         raise LifecycleEventError(
-            f"lifecycle event of type {type(event).__name__} cannot be read as a mapping"
+            f"lifecycle event of type {type(event).__name__} has no fields that can be read"
         )
     try:
         return _LIFECYCLE_ADAPTER.validate_python(data)
     except ValidationError as exc:
-        raise LifecycleEventError(_short_validation_message(exc)) from exc
+        if data is not event:
+            raise LifecycleEventError(_short_validation_message(exc)) from exc
+        error = exc
+    try:
+        return _LIFECYCLE_ADAPTER.validate_python(_plain(event, 0, set()))
+    except ValidationError as exc:
+        raise LifecycleEventError(_short_validation_message(exc)) from error
 
 
 def _short_validation_message(exc: ValidationError) -> str:

@@ -14,6 +14,7 @@ lifecycle events, the terminal decision, anomalies) happens only for the handful
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
@@ -57,6 +58,8 @@ _DROP: Final = object()
 _BACKGROUND: set[asyncio.Future[Any]] = set()
 _PRIMITIVES: Final = (str, bytes, bytearray, int, float, bool, list, tuple, set, type(None))
 _STUCK_MESSAGE: Final = "eventguard: inner stream ignored the cancellation signal past cancel_grace"
+#: Endings a lifecycle cannot reach without having started (see Guard._apply).
+_NEEDS_START: Final = frozenset({State.COMPLETED, State.INCOMPLETE})
 
 
 def guard(
@@ -465,6 +468,17 @@ class Guard:
         """Move the lifecycle to the decided ending, or explain why it could not."""
         lc = self.lifecycle
         lc.events_forwarded = self._n
+        if decision.state in _NEEDS_START and lc.state in (State.NEW, State.INTERRUPTED):
+            # A completion the stream never started (its created event was missing or could not be
+            # read): the record follows what was forwarded, through an implied start, unverified.
+            lc.transition(
+                State.IN_PROGRESS, reason="implied by the terminal: the stream never reported its start"
+            )
+            decision = dataclasses.replace(
+                decision,
+                unverified=True,
+                reason=f"{decision.reason}; the stream never reported its start: not verified",
+            )
         if decision.steering_cut_short:
             lc.steering_cut_short = True
         if decision.unverified:
@@ -594,10 +608,12 @@ class Guard:
         flags = self._flags()  # at this moment, not later: see the README
         self._terminal_seen = True
         self._go_slow()
+        unreadable = False
         try:
             parsed = parse_lifecycle_event(event)
         except LifecycleEventError as exc:
             self._anomaly(AnomalyKind.INVALID_LIFECYCLE_EVENT, f"{etype}: {exc}", etype, event)
+            unreadable = True
             ending = {"response.completed": Ending.COMPLETED, "response.incomplete": Ending.INCOMPLETE}.get(
                 etype, Ending.FAILED
             )
@@ -612,6 +628,8 @@ class Guard:
                     None,
                     strict=True,
                 )
+            if lc.info.response_id is None and parsed.response.id:
+                lc.info.response_id = parsed.response.id  # a stream whose start was missing or unreadable
             if claim.usage is not None:
                 lc.usage = claim.usage
             if claim.error is not None:
@@ -620,6 +638,13 @@ class Guard:
             snap = parsed.response.model_dump(mode="json", exclude_none=True)
             self._snapshot = snap
         decision = decide(ending, flags, self._options)
+        if unreadable and decision.state in _NEEDS_START:
+            # Forwarded as it is, so recorded as it claims: never as a failure, but not verified.
+            decision = dataclasses.replace(
+                decision,
+                unverified=True,
+                reason=f"{decision.reason}; {etype} could not be read: not verified",
+            )
         if ending is Ending.CANCELLED and not flags.client_cancelled:
             self._anomaly(
                 AnomalyKind.CANCEL_WITHOUT_CLIENT_CANCEL,
