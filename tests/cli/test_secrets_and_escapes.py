@@ -195,6 +195,10 @@ def test_usage_errors_hide_the_secret(caplog: pytest.LogCaptureFixture, filled: 
     result = invoke(["responses", "list", "--bogus"], env={_db.ENV_URL: URLS["userinfo"](s)})
     assert result.exit_code == 2 and "No such option" in result.output
     hidden(result, caplog, s)
+    for args in (["responses", "list", "--help"], ["db", "--help"], ["--help"], []):
+        result = invoke(args, env={_db.ENV_URL: URLS["userinfo"](s)})
+        assert "Usage:" in result.output
+        hidden(result, caplog, s)
 
 
 @pytest.mark.parametrize("case", sorted(set(URLS) - UNPARSEABLE))
