@@ -39,3 +39,10 @@ class NotAsyncIterable(EventGuardError, TypeError):
 
 class GuardAlreadyUsed(EventGuardError, RuntimeError):
     """A guard is single-use: it was iterated, or entered, a second time."""
+
+
+class GuardOutsideLoop(EventGuardError, RuntimeError):
+    """A guard was built or iterated outside the running event loop it needs.
+
+    Build the guard inside the coroutine that iterates it.
+    """

@@ -24,6 +24,7 @@ from typing import Any, Final, Literal, Protocol, cast
 from eventguard.decision import Decision, Ending, Flags, Forward, Options, decide
 from eventguard.errors import (
     GuardAlreadyUsed,
+    GuardOutsideLoop,
     IllegalTransition,
     InvalidEvent,
     NotAsyncIterable,
@@ -58,6 +59,10 @@ _DROP: Final = object()
 _BACKGROUND: set[asyncio.Future[Any]] = set()
 _PRIMITIVES: Final = (str, bytes, bytearray, int, float, bool, list, tuple, set, type(None))
 _STUCK_MESSAGE: Final = "eventguard: inner stream ignored the cancellation signal past cancel_grace"
+_OUTSIDE_LOOP: Final = (
+    "build the guard inside the coroutine that iterates it: guard() {what}, and a guard is bound to the "
+    "event loop it was built in"
+)
 #: Endings a lifecycle cannot reach without having started (see Guard._apply).
 _NEEDS_START: Final = frozenset({State.COMPLETED, State.INCOMPLETE})
 
@@ -119,6 +124,7 @@ class Guard:
         "_grace",
         "_hot",
         "_iterator",
+        "_loop",
         "_n",
         "_options",
         "_pending",
@@ -163,6 +169,17 @@ class Guard:
             raise ValueError(f"on_cancel must be 'omit' or 'emit', not {on_cancel!r}")
         if cancel_grace is not None and cancel_grace < 0:
             raise ValueError("cancel_grace must be None or >= 0")
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None and sink is not None:
+            # The sink's recorder belongs to a running loop; without one it would fail deep inside.
+            raise GuardOutsideLoop(
+                _OUTSIDE_LOOP.format(what="with a sink was called outside a running event loop")
+            )
+        #: The loop the guard was built in (None outside one: allowed without a sink).
+        self._loop = loop
         iterator: AsyncIterator[Any] = aiter_()
         self._iterator = iterator
         self._closer = _closer_for(stream, iterator)
@@ -266,10 +283,13 @@ class Guard:
         in the benchmark: 0 pulling from the inner stream, 1 working on an event, 2 handing over.
         """
         self._used = True
-        if self._grace is not None:
-            # The task that iterates the guard; the watchdog interrupts only this task's await.
-            self._task = asyncio.current_task()
-            self._watchdog = asyncio.get_running_loop().create_task(self._watch(self._grace))
+        grace = self._grace
+        if grace is not None or self._rec is not None:
+            loop = self._check_loop()
+            if grace is not None:
+                # The task that iterates the guard; the watchdog interrupts only this task's await.
+                self._task = asyncio.current_task()
+                self._watchdog = loop.create_task(self._watch(grace))
         rec = self._rec
         # Plain str types already seen to need nothing but forwarding; emptied (see _go_slow) once
         # every event must take the slow path: after the terminal, or when the guard is ending.
@@ -359,6 +379,29 @@ class Guard:
         if self.inner_closed:
             return
         _spawn(self._close_inner_quietly())
+
+    def _check_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, which must be the one the guard (and its recorder) was built in."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._refuse()
+            raise GuardOutsideLoop(
+                _OUTSIDE_LOOP.format(what="was iterated outside a running event loop")
+            ) from None
+        if self._rec is not None and loop is not self._loop:
+            self._refuse()
+            raise GuardOutsideLoop(
+                _OUTSIDE_LOOP.format(what="was iterated in another event loop than its own")
+            )
+        return loop
+
+    def _refuse(self) -> None:
+        # Nothing can be recorded or watched from here: the guard is over before it began, and a later
+        # close is a no-op. The inner stream was never pulled; it is left to its owner, as when
+        # guard() refuses a stream that is not async iterable.
+        self._finished = True
+        self._go_slow()
 
     async def _close_inner_quietly(self) -> None:
         try:
