@@ -1,23 +1,30 @@
 """The SQL sink: verified-only persistence of response lifecycles and their event history."""
 
-from eventguard.sink.errors import InvalidQueryError, SchemaMismatchError, StorageError
+from eventguard.sink.classify import ErrorKind, classify
+from eventguard.sink.errors import InvalidQueryError, SchemaMismatchError, SinkLoopError, StorageError
 from eventguard.sink.filter import EventFilter, EventMode, EventPredicate
+from eventguard.sink.quarantine import QuarantineRecord
 from eventguard.sink.recorder import SqlRecorder
 from eventguard.sink.serialise import Redactor
 from eventguard.sink.sink import ReplayResult, SinkStats, SqlSink
-from eventguard.sink.writer import Refusal
+from eventguard.sink.writer import Duplicate, Refusal
 
 __all__ = [
+    "Duplicate",
+    "ErrorKind",
     "EventFilter",
     "EventMode",
     "EventPredicate",
     "InvalidQueryError",
+    "QuarantineRecord",
     "Redactor",
     "Refusal",
     "ReplayResult",
     "SchemaMismatchError",
+    "SinkLoopError",
     "SinkStats",
     "SqlRecorder",
     "SqlSink",
     "StorageError",
+    "classify",
 ]

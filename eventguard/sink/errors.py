@@ -26,3 +26,11 @@ class SchemaMismatchError(StorageError):
 
 class InvalidQueryError(StorageError, ValueError):
     """A query argument the store cannot use (a bad cursor, an unknown status, ...)."""
+
+
+class SinkLoopError(EventGuardError, RuntimeError):
+    """An SqlSink was used from a second event loop while another loop (another thread) runs it.
+
+    One sink serves several event loops one after the other (each gets its own writer and
+    engine), not at the same time: create one SqlSink per event loop.
+    """

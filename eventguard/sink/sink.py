@@ -1,40 +1,67 @@
-"""SqlSink: records guarded streams in SQLite or PostgreSQL through one writer task.
+"""SqlSink: records guarded streams in SQLite or PostgreSQL through one writer task per event loop.
 
-One writer task per sink (not per stream): it batches every stream's pending work into one
+One writer task (not one per stream): it batches every stream's pending work into one
 transaction per cycle, which is what SQLite wants (a single writer path) and cheap for
 PostgreSQL. The guard's hot path only appends references; the writer serialises and writes.
-When the database is away, batches go to the spool and the stream never notices.
+
+What the writer does with a failed write depends on what the error means
+(:mod:`eventguard.sink.classify`):
+
+- **The database is away** (unreachable, locked, out of disk, a schema to migrate): the batches go
+  to the spool, the writer backs off, and the spool is replayed in the background as soon as a
+  write succeeds again (and when the sink starts).
+- **The database refused the content** (a NUL in a TEXT column, a value out of range, a
+  constraint): never an outage. The group is split in halves until the refused batches are
+  isolated, then within a refused batch its events and anomalies, so everything the database
+  takes is written at once; what it refuses goes to the quarantine table with the reason
+  (:mod:`eventguard.sink.quarantine`), with a ``sink_refused`` anomaly on the response when its row
+  is there. Healthy batches are neither delayed nor spooled.
+- **Anything else** (a bug, a redactor that raises): logged once with its traceback, counted in
+  ``stats.unexpected_errors``; the batch goes to the quarantine with the reason, and the writer
+  carries on. Nothing the writer was given is dropped: it is in the database, the spool, the
+  quarantine table, or (when even that cannot be written) the quarantine file beside the spool.
+
+**Event loops.** An AsyncEngine's pool, an ``asyncio.Event`` and a ``Lock`` belong to the loop that
+first used them. A sink used from several loops one after the other (a module-level sink, two
+``asyncio.run()`` calls, function-scoped test loops) keeps one writer, engine and set of
+primitives per loop: each loop gets its own, and a loop's engine is disposed when that loop ends
+(its writer is cancelled then) or, at the latest, once the loop is closed. Two loops running at the
+same time in two threads cannot share a sink: the second gets :class:`SinkLoopError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from sqlalchemy import inspect
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import DataError, IntegrityError, ProgrammingError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from eventguard import _db
 from eventguard.lifecycle import Lifecycle
 from eventguard.sink import migrate as _migrate
+from eventguard.sink import quarantine
 from eventguard.sink.batch import Batch
-from eventguard.sink.errors import SchemaMismatchError, StorageError
+from eventguard.sink.classify import ErrorKind, classify, reason
+from eventguard.sink.errors import SchemaMismatchError, SinkLoopError
 from eventguard.sink.filter import EventFilter, EventMode, EventPredicate
+from eventguard.sink.quarantine import QuarantineRecord
 from eventguard.sink.recorder import SqlRecorder
 from eventguard.sink.serialise import Redactor
 from eventguard.sink.spool import Spool
 from eventguard.sink.tables import responses
-from eventguard.sink.writer import Refusal, write
+from eventguard.sink.writer import Refusal, Written, note_refused, write
 
 log = logging.getLogger("eventguard.sink")
 
@@ -43,16 +70,16 @@ log = logging.getLogger("eventguard.sink")
 #: them). Blocking is not offered: ``Recorder.event`` is synchronous and cannot wait.
 FullPolicy: TypeAlias = Literal["spool"]
 
-# Errors that mean "the database is not there right now", as opposed to "this data is wrong".
-_DATA_ERRORS = (IntegrityError, DataError, ProgrammingError)
-_UNAVAILABLE = (SQLAlchemyError, OSError, TimeoutError, ConnectionError)
-
 # The writer serialises events on the event loop it shares with the streams: in steps of at
 # most _STEP_FLOOR seconds, or _STEP_SHARE of the time the other tasks took meanwhile, checking
 # the clock every _ENCODE_CHUNK events (a few microseconds of work).
 _STEP_FLOOR = 25e-6
 _STEP_SHARE = 0.5
 _ENCODE_CHUNK = 8
+#: Batches per transaction when replaying the spool.
+REPLAY_CHUNK = 200
+#: How long the writer's last act on a loop that is ending (closing its connections) may take.
+_TEARDOWN_TIMEOUT = 2.0
 
 
 @dataclass(slots=True)
@@ -63,15 +90,68 @@ class SinkStats:
     overflows: int = 0
     refusals: list[Refusal] = field(default_factory=list)
     last_error: str | None = None
+    #: Records put in the quarantine (the table, or the file when the table could not be written).
+    quarantined: int = 0
+    #: Of those, the ones in the quarantine file.
+    quarantine_file: int = 0
+    #: Batches refused because another stream owns their response id and attempt.
+    duplicates: int = 0
+    #: Errors the writer did not expect (each kind logged once, with its traceback).
+    unexpected_errors: int = 0
+    #: Batches that could be kept nowhere (spool and quarantine file both failed): logged.
+    lost: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class ReplayResult:
     files: int
     batches: int
+    #: Events handed to the database (those already there are a no-op).
     events: int
+    #: Spool records that could not be read (each is in the quarantine, origin ``spool``).
     bad_lines: int
     refusals: tuple[Refusal, ...]
+    #: Quarantine records written by this replay (refused batches, duplicates, bad records).
+    quarantined: int = 0
+
+
+@dataclass(slots=True)
+class _Tally:
+    batches: int = 0
+    events: int = 0
+    quarantined: int = 0
+    bad: int = 0
+    refusals: list[Refusal] = field(default_factory=list)
+
+    def add(self, other: _Tally) -> None:
+        self.batches += other.batches
+        self.events += other.events
+        self.quarantined += other.quarantined
+        self.bad += other.bad
+        self.refusals.extend(other.refusals)
+
+
+class _Stopped(Exception):
+    """An outage stopped a write: ``batches`` are not known to be written."""
+
+    def __init__(self, cause: BaseException, batches: list[Batch]) -> None:
+        super().__init__(reason(cause))
+        self.cause = cause
+        self.batches = batches
+
+
+@dataclass(eq=False, slots=True)
+class _LoopState:
+    """What one event loop's writer owns: each is bound to the loop that first used it."""
+
+    loop: asyncio.AbstractEventLoop
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    replay_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    engine: AsyncEngine | None = None
+    task: asyncio.Task[None] | None = None
+    replay: asyncio.Task[ReplayResult | None] | None = None
+    stopping: bool = False
 
 
 class SqlSink:
@@ -129,18 +209,24 @@ class SqlSink:
         self._statement_timeout = statement_timeout
         self._connect_timeout = connect_timeout
         self._pooler_safe = pooler_safe
-        self._engine: AsyncEngine | None = None
-        self._task: asyncio.Task[None] | None = None
+        # Every database round trip is bounded: the database's own timeouts come first, this
+        # is the backstop for a peer that went silent.
+        self._write_timeout = connect_timeout + busy_timeout + 2 * (statement_timeout or 60.0) + 5.0
+        #: One writer state per event loop that used the sink (usually one); ``_live`` is the
+        #: current loop's, and ``_wake`` its event (the hot path sets it without a lookup).
+        self._states: list[_LoopState] = []
+        self._live: _LoopState | None = None
         self._wake = asyncio.Event()
-        self._write_lock = asyncio.Lock()
+        #: An engine asked for outside any event loop; the first loop to use the sink takes it.
+        self._unbound: AsyncEngine | None = None
         self._work: list[SqlRecorder] = []
         self._buffered = 0
         self._ready = False
-        self._stopping = False
         self._closed = False
         self._outage: str | None = None
         self._retry_at = 0.0
         self._backoff = 0.5
+        self._logged: set[str] = set()
 
     def _default_spool(self) -> Path:
         path = _db.sqlite_path(self.url)
@@ -154,26 +240,45 @@ class SqlSink:
     # -- lifecycle of the sink ----------------------------------------------------------------
     @property
     def engine(self) -> AsyncEngine:
-        if self._engine is None:
-            self._engine = _db.create_engine(
-                self.url,
-                schema=self.schema,
-                busy_timeout_ms=int(self._busy_timeout * 1000),
-                pooler_safe=self._pooler_safe,
-                connect_timeout=self._connect_timeout,
-                statement_timeout=self._statement_timeout,
-                application_name=f"eventguard {self.owner}",
-            )
-        return self._engine
+        """The current event loop's engine (each loop has its own: a pool is bound to its loop)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            if self._unbound is None:
+                self._unbound = self._new_engine()
+            return self._unbound
+        st = self._here()
+        if st.engine is None:
+            st.engine = self._new_engine()
+        return st.engine
+
+    def _new_engine(self) -> AsyncEngine:
+        return _db.create_engine(
+            self.url,
+            schema=self.schema,
+            busy_timeout_ms=int(self._busy_timeout * 1000),
+            pooler_safe=self._pooler_safe,
+            connect_timeout=self._connect_timeout,
+            statement_timeout=self._statement_timeout,
+            application_name=f"eventguard {self.owner}",
+        )
+
+    @property
+    def quarantine_path(self) -> Path:
+        """Where quarantine records go when the quarantine table cannot be written."""
+        return quarantine.file_path(self.spool.path)
 
     async def start(self) -> None:
         """Connect, check (or create) the schema and start the writer: fails fast.
 
         Raises :class:`SchemaMismatchError` naming the command to run when the schema is
         behind or ahead. Without ``start()``, the first ``recorder()`` starts the writer and a
-        problem is logged once while batches go to the spool.
+        problem is logged once while batches go to the spool. A spool left from before is
+        replayed in the background, beside the new writes.
         """
-        await self._prepare()
+        st = self._here()
+        async with st.lock:
+            await self._prepare()
         self._ensure_writer()
 
     async def __aenter__(self) -> SqlSink:
@@ -191,28 +296,52 @@ class SqlSink:
         await _migrate.downgrade(self.engine, revision)
 
     async def flush(self) -> None:
-        """Write everything buffered so far (or spool it) before returning."""
-        recorders = list(self._work)
-        self._work.clear()
-        for rec in recorders:
-            rec.queued = False
-        await self._cycle(recorders)
+        """Write everything buffered so far (or spool, or quarantine it) before returning."""
+        self._here()
+        await self._cycle(self._take_work())
 
     async def aclose(self) -> None:
-        """Final flush of every stream, stop the writer, release connections."""
+        """Final flush of every stream, stop the writer, release connections.
+
+        Never raises for content or database trouble (that is logged, and kept in the spool or
+        the quarantine); cancellation propagates.
+        """
         if self._closed:
             return
-        self._stopping = True
-        self._wake.set()
-        if self._task is not None:
+        st = self._here()
+        st.stopping = True
+        st.wake.set()
+        task, st.task = st.task, None
+        if task is not None:
             try:
-                await self._task
-            finally:
-                self._task = None
-        await self.flush()
+                await task
+            except Exception as exc:  # pragma: no cover - the writer catches its own
+                self._unexpected(exc, "stopping the writer")
+        replay, st.replay = st.replay, None
+        if replay is not None and not replay.done():
+            replay.cancel()  # its file is released, for the next start
+            await asyncio.wait([replay])
+        try:
+            await self.flush()
+        except Exception as exc:  # pragma: no cover - flush keeps everything itself
+            self._unexpected(exc, "the final flush")
         self._closed = True
-        if self._engine is not None:
-            await self._engine.dispose()
+        for other in self._states:
+            engine, other.engine = other.engine, None
+            if engine is None:
+                continue
+            try:
+                if other is st:
+                    async with asyncio.timeout(self._write_timeout):
+                        await engine.dispose()
+                else:
+                    # Another loop's connections cannot be closed from here: forget them.
+                    await engine.dispose(close=False)
+            except Exception as exc:
+                log.warning("eventguard sink: closing connections: %s", quarantine.text(reason(exc)))
+        if self._unbound is not None:
+            await self._unbound.dispose(close=False)
+            self._unbound = None
 
     # -- the Sink protocol --------------------------------------------------------------------
     def recorder(self, lifecycle: Lifecycle) -> SqlRecorder:
@@ -244,7 +373,7 @@ class SqlSink:
     def _note_close(self, rec: SqlRecorder) -> None:
         self._enqueue(rec)
         self._wake.set()
-        if self._task is None or self._task.done():
+        if not self.writing():
             # No writer (the sink was closed, or the loop that ran it is gone): keep it locally.
             self._spool_now(rec, "the sink's writer is not running")
 
@@ -256,53 +385,169 @@ class SqlSink:
             log.warning(
                 "eventguard sink: %d events buffered; spilling to %s", self._buffered, self.spool.path
             )
-        batches = [b for rec in self._work if (b := rec.collect()) is not None]
+        batches = [b for rec in self._work if (b := self._collect(rec)) is not None]
         self._buffered = sum(len(rec.pending) for rec in self._work)
         self._to_spool(batches, None)
 
     def writing(self) -> bool:
-        """Whether the writer task is alive: it will store, or spool, what it was given."""
-        return self._task is not None and not self._task.done()
+        """Whether the current loop's writer task is alive: it will store, or keep, what it was given."""
+        st = self._live
+        if st is None or st.task is None or st.task.done():
+            return False
+        try:
+            return st.loop is asyncio.get_running_loop()
+        except RuntimeError:
+            return False
 
     def _spool_now(self, rec: SqlRecorder, why: str) -> None:
-        batch = rec.collect()
+        batch = self._collect(rec)
         batches = [*rec.inflight, *([batch] if batch is not None else [])]
         if batches:
             log.warning("eventguard sink: %s; %d batches kept in %s", why, len(batches), self.spool.path)
             self._to_spool(batches, None)
-        rec.finished()
+        self._finish(rec)
+
+    # -- one state per event loop ------------------------------------------------------------------
+    def _here(self) -> _LoopState:
+        """The running loop's state, made on its first use (see the module's docstring)."""
+        loop = asyncio.get_running_loop()
+        st = self._live
+        if st is not None and st.loop is loop:
+            return st
+        for st in self._states:
+            if st.loop is loop:
+                break
+        else:
+            for other in self._states:
+                if other.loop.is_running() and other.task is not None and not other.task.done():
+                    raise SinkLoopError(
+                        f"{self!r} is in use by another running event loop (another thread): "
+                        "create one SqlSink per event loop"
+                    )
+            st = _LoopState(loop)
+            st.engine, self._unbound = self._unbound, None
+            self._states = [s for s in self._states if not self._retire(s)]
+            self._states.append(st)
+        self._live = st
+        self._wake = st.wake
+        return st
+
+    def _retire(self, st: _LoopState) -> bool:
+        """Forget a closed loop's state (its writer disposed of its engine when the loop ended;
+        if it could not, the pool is dropped without touching the loop-bound connections)."""
+        if not st.loop.is_closed():
+            return False
+        engine, st.engine = st.engine, None
+        if engine is not None:
+            try:
+                engine.sync_engine.dispose(close=False)
+            except Exception as exc:  # pragma: no cover - no I/O is involved
+                log.debug("eventguard sink: dropping a closed loop's pool: %s", exc)
+        return True
 
     # -- the writer ------------------------------------------------------------------------------
-    def _ensure_writer(self) -> None:
-        if self._task is None or self._task.done():
-            self._stopping = False
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"eventguard-writer {self!r}"
-            )
+    def _ensure_writer(self) -> _LoopState:
+        st = self._here()
+        if st.task is None or st.task.done():
+            st.stopping = False
+            st.task = st.loop.create_task(self._run(st), name=f"eventguard-writer {self!r}")
+            st.task.add_done_callback(self._writer_done)
+        return st
 
-    async def _run(self) -> None:
-        while True:
-            if not self._stopping:
-                timeout = self.flush_interval if self._work else None
+    def _writer_done(self, task: asyncio.Task[None]) -> None:
+        # The writer catches everything but cancellation; should anything escape all the same,
+        # it is said here (with the traceback) rather than as "Task exception was never retrieved".
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self._unexpected(exc, "the writer task ended")
+
+    async def _run(self, st: _LoopState) -> None:
+        try:
+            while True:
+                if not st.stopping:
+                    timeout = self.flush_interval if self._work else None
+                    try:
+                        async with asyncio.timeout(timeout):
+                            await st.wake.wait()
+                    except TimeoutError:
+                        pass
+                st.wake.clear()
+                recorders = self._take_work()
                 try:
-                    async with asyncio.timeout(timeout):
-                        await self._wake.wait()
-                except TimeoutError:
-                    pass
-            self._wake.clear()
-            recorders = self._work
-            self._work = []
-            for rec in recorders:
-                rec.queued = False
-            if recorders:
-                await self._cycle(recorders)
-            if self._stopping:
-                return  # aclose() does the last flush itself
+                    if recorders:
+                        await self._cycle(recorders)
+                except Exception as exc:  # the writer never dies: say it once, carry on
+                    self._unexpected(exc, "a write cycle")
+                    await asyncio.sleep(self.flush_interval)
+                if st.stopping:
+                    return  # aclose() does the last flush itself
+        except asyncio.CancelledError:
+            # The loop is ending (asyncio.run() cancels every task): keep what still waits, and
+            # close this loop's connections while the loop can still run their goodbyes.
+            self._keep_waiting_work()
+            engine, st.engine = st.engine, None
+            if engine is not None:
+                try:
+                    async with asyncio.timeout(_TEARDOWN_TIMEOUT):
+                        await engine.dispose()
+                except Exception:
+                    engine.sync_engine.dispose(close=False)
+            raise
+
+    def _keep_waiting_work(self) -> None:
+        batches: list[Batch] = []
+        recorders = self._take_work()
+        for rec in recorders:
+            batches.extend(rec.inflight)
+            rec.inflight.clear()
+            batch = self._collect(rec)
+            if batch is not None:
+                batches.append(batch)
+        if batches:
+            log.warning(
+                "eventguard sink: the event loop is ending; %d batches kept in %s for the next start",
+                len(batches),
+                self.spool.path,
+            )
+            self._to_spool(batches, None)
+        for rec in recorders:
+            self._finish(rec)
+
+    def _take_work(self) -> list[SqlRecorder]:
+        recorders = self._work
+        self._work = []
+        for rec in recorders:
+            rec.queued = False
+        return recorders
+
+    def _collect(self, rec: SqlRecorder) -> Batch | None:
+        """``rec.collect()``; should it raise, what it holds goes to the quarantine file, not lost."""
+        try:
+            return rec.collect()
+        except Exception as exc:
+            self._unexpected(exc, "collecting a stream's work")
+            record = quarantine.entry(
+                "write",
+                f"the stream's work could not be collected: {reason(exc)}",
+                {"lifecycle": rec.lifecycle, "pending_events": rec.pending},
+                response_id=rec.lifecycle.info.response_id,
+                attempt=rec.lifecycle.attempt,
+                stream_id=getattr(rec, "stream_id", None),
+            )
+            rec.pending = []
+            rec.dirty = False
+            self._quarantine_file([record], exc)
+            if rec.closing:
+                self._finish(rec)  # its close() must not wait for what cannot be collected
+            return None
+
+    def _finish(self, rec: SqlRecorder) -> None:
+        with contextlib.suppress(RuntimeError):  # its event loop is closed: nobody waits any more
+            rec.finished()
 
     async def _cycle(self, recorders: Sequence[SqlRecorder]) -> None:
         batches: list[Batch] = []
         for rec in recorders:
-            batch = rec.collect()
+            batch = self._collect(rec)
             if batch is not None:
                 rec.inflight.append(batch)
                 batches.append(batch)
@@ -312,118 +557,368 @@ class SqlSink:
         try:
             if batches:
                 await self._persist(batches)
+        except asyncio.CancelledError:
+            # Cancelled mid-write (the loop is ending): what is not known to be written is kept.
+            self._to_spool(batches, None)
+            raise
         finally:
             for rec in recorders:
                 rec.inflight.clear()
                 if rec.closing and not rec.has_work():
-                    rec.finished()
+                    self._finish(rec)
 
     async def _persist(self, batches: list[Batch]) -> None:
-        async with self._write_lock:
+        st = self._here()
+        async with st.lock:
             if time.monotonic() < self._retry_at:
                 self._to_spool(batches, None)
                 return
-            await self._serialise(batches)
+            batches = await self._serialise(batches)
+            if not batches:
+                return
             try:
-                if not self._ready:
-                    await self._prepare()
-                refusals = await self._write(batches)
-            except _DATA_ERRORS as exc:
-                await self._write_one_by_one(batches, exc)
-                return
-            except (*_UNAVAILABLE, StorageError) as exc:
+                await self._ensure_ready()
+            except Exception as exc:
                 self._to_spool(batches, exc)
                 return
-            except Exception as exc:  # a bug must not kill the writer nor lose the data
-                log.exception("eventguard sink: unexpected error while writing; spooling")
-                self._to_spool(batches, exc)
+            tally = _Tally()
+            try:
+                await self._apply(batches, tally)
+            except _Stopped as stop:
+                self._to_spool(stop.batches, stop.cause)
                 return
+            finally:
+                self._report(tally.refusals)
             self._recovered()
-            self._report(refusals)
 
-    async def _serialise(self, batches: Sequence[Batch]) -> None:
+    async def _serialise(self, batches: Sequence[Batch]) -> list[Batch]:
         """Serialise the batches' events a little at a time, yielding the loop in between.
 
         Each step takes at most ``max(_STEP_FLOOR, _STEP_SHARE x the time the other tasks
         took since the last step)``: next to one stream, a step stays far below the latency the
         sink may add to it; next to a thousand, the writer still keeps pace with them all.
+        An event that cannot be serialised (a redactor that raises) goes to the quarantine; the
+        rest of its batch is written.
         """
         clock = time.perf_counter
         started = clock()
         budget = _STEP_FLOOR
+        refused: list[QuarantineRecord] = []
         for batch in batches:
             rec = batch.source
             if rec is None:
                 continue
-            while rec.encode_some(batch, _ENCODE_CHUNK):
+            while True:
+                start, before = batch.raw_done, len(batch.events)
+                try:
+                    if not rec.encode_some(batch, _ENCODE_CHUNK):
+                        break
+                except Exception as exc:
+                    refused.append(self._skip_event(batch, start + len(batch.events) - before, exc))
                 now = clock()
                 if now - started >= budget:
                     await asyncio.sleep(0)
                     started = clock()
                     budget = max(_STEP_FLOOR, (started - now) * _STEP_SHARE)
+        if refused:
+            await self._quarantine(refused)
+        return list(batches)
 
-    async def _write(self, batches: Sequence[Batch]) -> list[Refusal]:
+    def _skip_event(self, batch: Batch, index: int, exc: Exception) -> QuarantineRecord:
+        """Take the event that could not be serialised out of ``batch``, as a quarantine record."""
+        self._unexpected(exc, "serialising an event")
+        why = f"the event could not be serialised: {reason(exc)}"
+        if not batch.raw_done <= index < len(batch.raw):  # pragma: no cover - the recorder changed shape
+            record = quarantine.of_batch(batch, "write", why)
+            batch.raw, batch.raw_done = [], 0
+            return record
+        attempt, seq, etype, event = batch.raw[index]
+        batch.raw_done = index + 1
+        if batch.raw_done >= len(batch.raw):
+            batch.raw, batch.raw_done = [], 0
+        return quarantine.entry(
+            "write",
+            why,
+            {"response_id": batch.response_id, "attempt": attempt, "seq": seq, "type": etype, "event": event},
+            response_id=batch.response_id,
+            attempt=attempt,
+            stream_id=batch.stream_id,
+        )
+
+    async def _write(self, batches: Sequence[Batch], *, rows: bool = True) -> Written:
         for batch in batches:
             batch.serialise()  # no-op unless the caller skipped _serialise
-        async with self.engine.begin() as conn:
-            refusals = await write(conn, batches)
-        self.stats.batches_written += len(batches)
-        self.stats.events_written += sum(len(b.events) for b in batches)
-        return refusals
+        async with asyncio.timeout(self._write_timeout), self.engine.begin() as conn:
+            written = await write(conn, batches, rows=rows)
+        if rows:
+            self.stats.batches_written += len(batches) - len(written.duplicates)
+        self.stats.events_written += written.events
+        if written.duplicates:
+            self.stats.duplicates += len(written.duplicates)
+            self.stats.quarantined += written.quarantined
+            for dup in written.duplicates:
+                log.warning("eventguard sink: %s", quarantine.text(dup.reason))
+        return written
 
-    async def _write_one_by_one(self, batches: list[Batch], first: Exception) -> None:
-        # One bad batch must not take the others with it: isolate it, keep it in the spool.
-        log.error("eventguard sink: a batch was rejected (%s); retrying one by one", _reason(first))
-        for batch in batches:
+    async def _apply(self, batches: list[Batch], tally: _Tally) -> None:
+        """Write ``batches``; a group the database refuses for its content is split until the
+        refused batches are isolated (then :meth:`_isolate`). Raises :class:`_Stopped` on an
+        outage, with the batches not known to be written."""
+        todo: list[list[Batch]] = [batches]
+        while todo:
+            group = todo.pop()
             try:
-                self._report(await self._write([batch]))
+                written = await self._write(group)
             except Exception as exc:
-                self._to_spool([batch], exc)
+                if await self._kind(exc) is not ErrorKind.DATA:
+                    raise _Stopped(exc, [*group, *(b for g in reversed(todo) for b in g)]) from exc
+                if len(group) > 1:
+                    half = len(group) // 2
+                    todo += [group[half:], group[:half]]  # the first half next: order kept
+                    continue
+                try:
+                    await self._isolate(group[0], exc, tally)
+                except _Stopped as stop:
+                    stop.batches += [b for g in reversed(todo) for b in g]
+                    raise
+                tally.batches += 1
+                continue
+            tally.batches += len(group)
+            tally.events += written.events
+            tally.quarantined += written.quarantined
+            tally.refusals += written.refusals
 
+    async def _isolate(self, batch: Batch, refused_by: Exception, tally: _Tally) -> None:
+        """One batch the database refused: write what it takes, quarantine the rest.
+
+        The row with its transitions and anomalies first, then without the anomalies; the events
+        (and the anomalies, when they were refused with the row) in halves until each refused one
+        is alone. A row the database refuses takes the whole batch to the quarantine.
+        """
+        head = replace(batch, events=[], raw=[], raw_done=0)
+        loose: list[dict[str, Any]] = []
+        try:
+            written = await self._write([head])
+        except Exception as exc:
+            if await self._kind(exc) is not ErrorKind.DATA:
+                raise _Stopped(exc, [batch]) from exc
+            try:
+                written = await self._write([replace(head, anomalies=[])])
+            except Exception as exc2:
+                if await self._kind(exc2) is not ErrorKind.DATA:
+                    raise _Stopped(exc2, [batch]) from exc2
+                why = f"the database refused the response row: {reason(exc2)}"
+                tally.quarantined += await self._quarantine(
+                    [quarantine.of_batch(batch, "write", why)], note=(batch, why)
+                )
+                return
+            loose = batch.anomalies
+        tally.refusals += written.refusals
+        tally.quarantined += written.quarantined
+        if written.duplicates:
+            # Another stream owns this attempt: the rest of the batch is not applied either.
+            why = quarantine.text(written.duplicates[0].reason)
+            record = quarantine.of_batch(batch, "duplicate", why, anomalies=loose, whole=False)
+            tally.quarantined += await self._quarantine([record])
+            return
+        events, anomalies = await self._bisect(batch, list(batch.events), loose, tally)
+        if events or anomalies:
+            why = (
+                f"the database refused {len(events)} event(s) and {len(anomalies)} anomaly(ies) of the "
+                f"batch ({reason(refused_by)}); the rest of it is stored"
+            )
+            record = quarantine.of_batch(batch, "write", why, events=events, anomalies=anomalies, whole=False)
+            tally.quarantined += await self._quarantine([record], note=(batch, why))
+
+    async def _bisect(
+        self, batch: Batch, events: list[Any], anomalies: list[dict[str, Any]], tally: _Tally
+    ) -> tuple[list[Any], list[dict[str, Any]]]:
+        """Write ``batch``'s events and anomalies without its row, in halves; the refused ones."""
+        items: list[tuple[bool, Any]] = [(True, e) for e in events] + [(False, a) for a in anomalies]
+        refused: list[tuple[bool, Any]] = []
+        todo = [items]
+        while todo:
+            part = todo.pop()
+            if not part:
+                continue
+            sub = replace(
+                batch,
+                events=[x for is_event, x in part if is_event],
+                anomalies=[x for is_event, x in part if not is_event],
+                transitions=[],
+                raw=[],
+                raw_done=0,
+                refusal_idx=None,
+            )
+            try:
+                written = await self._write([sub], rows=False)
+            except Exception as exc:
+                if await self._kind(exc) is not ErrorKind.DATA:
+                    raise _Stopped(exc, [batch]) from exc
+                if len(part) == 1:
+                    refused += part
+                else:
+                    half = len(part) // 2
+                    todo += [part[half:], part[:half]]
+                continue
+            tally.events += written.events
+        return [x for is_event, x in refused if is_event], [x for is_event, x in refused if not is_event]
+
+    async def _kind(self, exc: BaseException) -> ErrorKind:
+        """DATA, or an outage (OUTAGE / SCHEMA). An unknown error is logged and counted, and the
+        database asked whether it is there: reachable, the content was the trouble."""
+        kind = classify(exc)
+        if kind is ErrorKind.UNKNOWN:
+            self._unexpected(exc, "a write")
+            kind = ErrorKind.DATA if await self._reachable() else ErrorKind.OUTAGE
+        if kind is ErrorKind.SCHEMA:
+            self._ready = False  # look at the schema again before the next write
+        return kind
+
+    async def _reachable(self) -> bool:
+        try:
+            async with asyncio.timeout(self._connect_timeout + 5.0), self.engine.connect() as conn:
+                await conn.exec_driver_sql("SELECT 1")
+        except Exception:
+            return False
+        return True
+
+    # -- the quarantine ------------------------------------------------------------------------------
+    async def _quarantine(
+        self, records: list[QuarantineRecord], *, note: tuple[Batch, str] | None = None
+    ) -> int:
+        """Keep ``records`` in the quarantine table (else its file); ``note``: the batch whose
+        response gets a ``sink_refused`` anomaly, if its row is there. How many were kept."""
+        if not records:
+            return 0
+        self.stats.quarantined += len(records)
+        for record in records[:3]:
+            log.warning(
+                "eventguard sink: response %s: %s; kept in the quarantine", record.response_id, record.reason
+            )
+        error: Exception | None = None
+        for with_note in (True, False) if note is not None else (False,):
+            try:
+                async with asyncio.timeout(self._write_timeout), self.engine.begin() as conn:
+                    await quarantine.insert(conn, records)
+                    if with_note and note is not None:
+                        await note_refused(conn, note[0], quarantine.text(note[1]), records[0].record)
+                return len(records)
+            except Exception as exc:
+                error = exc
+        assert error is not None
+        self._quarantine_file(records, error)
+        return len(records)
+
+    def _quarantine_file(self, records: list[QuarantineRecord], why: BaseException) -> None:
+        path = self.quarantine_path
+        try:
+            self.stats.quarantine_file += quarantine.append_file(path, records)
+        except Exception:
+            self.stats.lost += len(records)
+            log.exception(
+                "eventguard sink: %d quarantine records could be written neither to the database nor "
+                "to %s; they are lost",
+                len(records),
+                path,
+            )
+            return
+        log.error(
+            "eventguard sink: the quarantine table could not be written (%s); %d records kept in %s",
+            quarantine.text(reason(why)),
+            len(records),
+            path,
+        )
+
+    # -- outages, the spool ---------------------------------------------------------------------------
     def _report(self, refusals: list[Refusal]) -> None:
         for refusal in refusals:
             self.stats.refusals.append(refusal)
             log.warning("eventguard sink: response %s: %s", refusal.response_id, refusal.reason)
 
+    def _unexpected(self, exc: BaseException, where: str) -> None:
+        """An error the writer did not expect: counted, logged with its traceback once per kind."""
+        self.stats.unexpected_errors += 1
+        key = f"{where}:{type(exc).__qualname__}"
+        if key in self._logged:
+            log.debug("eventguard sink: unexpected error in %s again: %s", where, type(exc).__name__)
+            return
+        self._logged.add(key)
+        log.error(
+            "eventguard sink: unexpected error in %s (%s); the writer carries on, nothing is dropped "
+            "(later ones of this kind are only counted in stats.unexpected_errors)",
+            where,
+            quarantine.text(reason(exc)),
+            exc_info=exc,
+        )
+
     def _to_spool(self, batches: list[Batch], exc: BaseException | None) -> None:
+        """Keep ``batches`` in the spool (``exc``: the outage that sent them there, logged once).
+
+        Never raises: a batch the spool cannot take goes to the quarantine file, with the reason.
+        """
         if exc is not None:
-            reason = _reason(exc)
-            self.stats.last_error = reason
+            text = quarantine.text(reason(exc))
+            self.stats.last_error = text
             self._ready = False  # look at the schema again before the next write
             self._retry_at = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, 30.0)
             if self._outage is None:
                 # Once per outage, with the reason; the URL without its password.
-                self._outage = reason
+                self._outage = text
                 log.error(
                     "eventguard sink: cannot write to %s (%s); spooling to %s until it is back",
                     _db.safe_url(self.url),
-                    reason,
+                    text,
                     self.spool.path,
                 )
         if not batches:
             return
         try:
             self.stats.batches_spooled += self.spool.append(batches)
-        except OSError:
-            log.exception(
-                "eventguard sink: the spool %s is not writable either; %d batches lost",
-                self.spool.path,
-                len(batches),
-            )
+            return
+        except Exception as exc:
+            first: Exception = exc
+        failed: list[tuple[Batch, Exception]] = []
+        for batch in batches:  # one by one: keep every batch the spool can take
+            try:
+                self.stats.batches_spooled += self.spool.append([batch])
+            except Exception as err:
+                failed.append((batch, err))
+        if not failed:
+            return
+        log.error(
+            "eventguard sink: %d of %d batches could not be spooled (%s); they go to the quarantine file",
+            len(failed),
+            len(batches),
+            quarantine.text(reason(first)),
+        )
+        why = self._outage or "the database did not take it"
+        records = [
+            quarantine.of_batch(b, "write", f"could not be spooled ({reason(err)}); {why}")
+            for b, err in failed
+        ]
+        self.stats.quarantined += len(records)
+        self._quarantine_file(records, failed[0][1])
 
     def _recovered(self) -> None:
         self._backoff = 0.5
         if self._outage is not None:
             log.warning(
-                "eventguard sink: %s is back; run `await sink.replay_spool()` to load %s",
+                "eventguard sink: %s is back; replaying %s in the background",
                 _db.safe_url(self.url),
                 self.spool.path,
             )
             self._outage = None
+            self._replay_soon()
+
+    async def _ensure_ready(self) -> None:
+        if not self._ready:
+            await self._prepare()
 
     async def _prepare(self) -> None:
-        """Check the schema, creating it first in an empty database when allowed."""
+        """Check the schema, creating it first in an empty database when allowed; then replay a
+        spool left from before, in the background."""
         try:
             await _migrate.check(self.engine)
         except SchemaMismatchError as exc:
@@ -438,38 +933,155 @@ class SqlSink:
             else:
                 raise
         self._ready = True
+        self._replay_soon()
 
     async def _has_tables(self) -> bool:
         async with self.engine.connect() as conn:
             return await conn.run_sync(lambda c: inspect(c).has_table(responses.name))
 
-    # -- the spool ---------------------------------------------------------------------------------
+    # -- replaying the spool -----------------------------------------------------------------------
+    def _replay_soon(self) -> None:
+        """Replay the spool in the background (beside new writes, chunk by chunk), if it has anything."""
+        st = self._live
+        if st is None or self._closed or st.stopping or (st.replay is not None and not st.replay.done()):
+            return
+        try:
+            pending = self.spool.pending()
+        except OSError:
+            return
+        if pending:
+            st.replay = st.loop.create_task(self._replay_background(), name=f"eventguard-replay {self!r}")
+
+    async def _replay_background(self) -> ReplayResult | None:
+        try:
+            result = await self._replay()
+        except Exception as exc:
+            log.warning(
+                "eventguard sink: replaying %s stopped (%s); it goes on when the database is back",
+                self.spool.path,
+                quarantine.text(reason(exc)),
+            )
+            return None
+        if result.batches or result.bad_lines:
+            log.warning(
+                "eventguard sink: replayed %d batches (%d events) from %s; %d quarantined",
+                result.batches,
+                result.events,
+                self.spool.path,
+                result.quarantined,
+            )
+        return result
+
     async def replay_spool(self) -> ReplayResult:
         """Load the spool into the database, idempotently; each file is removed once loaded.
 
-        Raises the database error if it is still away (the spool stays for the next try).
+        Joins a replay the sink runs in the background (its counts are included), then loads
+        what is left. A batch the database refuses, and a record that cannot be read, go to the
+        quarantine (``quarantined``; unreadable records are also ``bad_lines``). Raises the
+        database error if it is still away (the spool stays for the next try).
         """
-        files = batches = events = bad = 0
-        refusals: list[Refusal] = []
-        async with self._write_lock:
-            if not self._ready:
-                await self._prepare()
-            for spooled in self.spool.take():
-                for start in range(0, len(spooled.batches), 200):
-                    chunk = spooled.batches[start : start + 200]
-                    refusals.extend(await self._write(chunk))
-                files += 1
-                batches += len(spooled.batches)
-                events += sum(b.event_count() for b in spooled.batches)
-                bad += spooled.bad_lines
-                self.spool.done(spooled)
+        st = self._here()
+        total = _Tally()
+        files = 0
+        running = st.replay
+        if running is not None and not running.done():
+            await asyncio.wait([running])
+            joined = None if running.cancelled() or running.exception() else running.result()
+            if joined is not None:
+                files += joined.files
+                total.add(_tally_of(joined))
+        own = await self._replay()
+        files += own.files
+        total.add(_tally_of(own))
+        return ReplayResult(
+            files, total.batches, total.events, total.bad, tuple(total.refusals), total.quarantined
+        )
+
+    async def _replay(self) -> ReplayResult:
+        st = self._here()
+        tally = _Tally()
+        files = 0
+        async with st.replay_lock:
+            async with st.lock:
+                await self._ensure_ready()
+            taken = self.spool.take()
+            try:
+                for file in taken:
+                    try:
+                        await self._replay_file(st, file, tally)
+                    except BaseException:
+                        _release(self.spool, file)
+                        raise
+                    self.spool.done(file)
+                    files += 1
+            finally:
+                close = getattr(taken, "close", None)
+                if close is not None:
+                    close()
+        self._report(tally.refusals)
+        return ReplayResult(
+            files, tally.batches, tally.events, tally.bad, tuple(tally.refusals), tally.quarantined
+        )
+
+    async def _replay_file(self, st: _LoopState, file: Any, tally: _Tally) -> None:
+        chunk: list[Batch] = []
+        bad: list[QuarantineRecord] = []
+        for record in _records(file, tally):
+            if isinstance(record, Batch):
+                chunk.append(record)
+                if len(chunk) >= REPLAY_CHUNK:
+                    await self._replay_chunk(st, chunk, tally)
+                    chunk = []
+                continue
+            tally.bad += 1
+            bad.append(_bad_record(record))
+            if len(bad) >= REPLAY_CHUNK:
+                tally.quarantined += await self._quarantine(bad)
+                bad = []
+        if chunk:
+            await self._replay_chunk(st, chunk, tally)
+        if bad:
+            tally.quarantined += await self._quarantine(bad)
+
+    async def _replay_chunk(self, st: _LoopState, chunk: list[Batch], tally: _Tally) -> None:
+        async with st.lock:  # taken per chunk: new writes go in between
+            try:
+                await self._apply(chunk, tally)
+            except _Stopped as stop:
+                raise stop.cause from None
             self._recovered()
-        self._report(refusals)
-        return ReplayResult(files, batches, events, bad, tuple(refusals))
 
 
-def _reason(exc: BaseException) -> str:
-    # The driver's own message, not SQLAlchemy's (which appends the statement and parameters).
-    orig = getattr(exc, "orig", None)
-    text = str(orig if orig is not None else exc) or type(exc).__name__
-    return f"{type(orig if orig is not None else exc).__name__}: {text[:300]}"
+def _tally_of(result: ReplayResult) -> _Tally:
+    return _Tally(result.batches, result.events, result.quarantined, result.bad_lines, [*result.refusals])
+
+
+def _records(file: Any, tally: _Tally) -> Iterator[Any]:
+    """A spool file's records, streaming (``SpoolFile.records()``), or, from a spool module
+    without it, its batches (unreadable lines counted, kept by the spool itself)."""
+    records = getattr(file, "records", None)
+    if callable(records):
+        yield from records()
+        return
+    yield from file.batches
+    tally.bad += int(getattr(file, "bad_lines", 0))
+
+
+def _release(spool: Spool, file: Any) -> None:
+    release = getattr(spool, "release", None)
+    if release is not None:
+        with contextlib.suppress(Exception):
+            release(file)
+
+
+def _bad_record(record: Any) -> QuarantineRecord:
+    raw = getattr(record, "raw", b"")
+    return quarantine.entry(
+        "spool",
+        f"unreadable spool record: {getattr(record, 'reason', record)}",
+        {
+            "path": str(getattr(record, "path", "")),
+            "line": getattr(record, "line", None),
+            "raw": raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else raw,
+        },
+    )

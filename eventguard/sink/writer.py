@@ -13,13 +13,35 @@ once per row), one array per column through ``unnest`` on PostgreSQL. Events on 
 the driver's binary COPY into a session's TEMP table instead, then one keyed insert from it
 (``unnest`` again with ``pooler_safe``). Values go through the column types' own bind processors,
 so what is stored is exactly what SQLAlchemy would store.
+
+**One response id, two streams.** A stream (one guarded response stream: one recorder, whose
+``stream_id`` every batch carries) claims ``(response_id, attempt)`` when its row write lands
+first: the upsert stores its ``stream_id`` in the row. The upsert leaves the row alone when it
+holds another stream's id for the same attempt, and the read-back judges that batch a
+:class:`Duplicate`: the second stream is refused as a whole. Its row update, events,
+transitions and anomalies are not applied to the owner's history; each of its batches goes to
+the quarantine (origin ``duplicate``, every event with its payload) in the same transaction, and
+one ``duplicate_stream`` anomaly (source ``sink``) is written on the owning response, once per
+refused stream. The database decides (the conditional upsert, then the read-back), never a check
+in Python alone, so two replicas racing for one id get one owner. Exceptions:
+
+- a higher attempt (a recovered re-entry) is a new attempt: it takes the row over, as before;
+- a batch without a ``stream_id`` (a spool older than it) counts as the row's own stream, and
+  a row without one (written before it) is claimed by the next stream that writes it;
+- an attempt older than the row's is not comparable (the row only names the current attempt's
+  stream): its row write is refused (it never moves the row back) and its keyed events,
+  transitions and anomalies of that older attempt are applied, as before.
+
+A stream's own writes keep the older rule: a terminal the database already holds refuses a
+later status, which becomes a :class:`Refusal` and a ``sink_refused`` anomaly.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -33,7 +55,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.pool import NullPool
 
+from eventguard._db import PreSerialised
 from eventguard.lifecycle import AnomalyKind
+from eventguard.sink import quarantine
 from eventguard.sink.batch import Batch
 from eventguard.sink.serialise import encode_value
 from eventguard.sink.tables import TERMINAL, anomalies, events, responses, sql_list, transitions
@@ -63,9 +87,43 @@ class Refusal:
         return f"refused {self.wanted!r} for attempt {self.attempt}: the row is already {self.stored!r}{by}"
 
 
-#: The row columns the sink writes: all but the key and the version (the database keeps those).
-_ROW_COLUMNS: tuple[Column[Any], ...] = tuple(c for c in responses.columns if c.name not in ("pk", "version"))
-_ROW_VALUES = tuple(c.name for c in _ROW_COLUMNS if c.name != "response_id")
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """A batch of a stream that carried a response id and attempt another stream owns."""
+
+    response_id: str
+    attempt: int
+    stream_id: str
+    owner_stream: str
+
+    @property
+    def reason(self) -> str:
+        return (
+            f"stream {self.stream_id} carried response {self.response_id!r} attempt {self.attempt}, "
+            f"which stream {self.owner_stream} owns: refused as a whole, kept in the quarantine"
+        )
+
+
+@dataclass(slots=True)
+class Written:
+    """What one :func:`write` did."""
+
+    refusals: list[Refusal] = field(default_factory=list)
+    duplicates: list[Duplicate] = field(default_factory=list)
+    #: Events handed to the database (duplicates' excluded; a replayed event is a no-op there).
+    events: int = 0
+    #: Quarantine rows written (duplicates' batches).
+    quarantined: int = 0
+
+
+#: The row values a batch carries in ``batch.row``: every column but the key, the version (the
+#: database keeps those), the id and the stream (the batch's own fields).
+_ROW_DATA: tuple[Column[Any], ...] = tuple(
+    c for c in responses.columns if c.name not in ("pk", "version", "response_id", "stream_id")
+)
+#: The row columns the sink writes, in statement order.
+_ROW_COLUMNS: tuple[Column[Any], ...] = (responses.c.response_id, *_ROW_DATA, responses.c.stream_id)
+_ROW_VALUES = tuple(c.name for c in _ROW_DATA)
 #: For spelling statements (quoting, type names): the driver makes no difference there.
 _DIALECTS: dict[str, Dialect] = {
     "sqlite": sqlite.dialect(),
@@ -73,43 +131,64 @@ _DIALECTS: dict[str, Dialect] = {
 }
 
 
-async def write(conn: AsyncConnection, batches: Sequence[Batch]) -> list[Refusal]:
-    """Write ``batches`` inside the caller's transaction; return the refusals found.
+async def write(conn: AsyncConnection, batches: Sequence[Batch], *, rows: bool = True) -> Written:
+    """Write ``batches`` inside the caller's transaction; what it did (refusals, duplicates).
 
-    The batches' events must be serialised already (:meth:`Batch.serialise`).
+    The batches' events must be serialised already (:meth:`Batch.serialise`). ``rows=False``
+    writes only their events, transitions and anomalies (the row is known to be there: the
+    writer isolating refused content within a batch).
     """
-    # Before the first statement: SQLAlchemy has not begun the transaction yet.
-    stage = await _events_stage(conn)
-    refusals: list[Refusal] = []
+    # Before the first statement: SQLAlchemy has not begun the transaction yet. Without the
+    # row upsert, no statement through SQLAlchemy would begin it before the COPY (asyncpg's
+    # transaction starts on the first one): the events take the keyed insert then.
+    stage = await _events_stage(conn) if rows else None
+    out = Written()
     extra_anomalies: list[dict[str, Any]] = []
     kept_transitions: list[dict[str, Any]] = []
-    for batch, refusal in zip(batches, await _write_rows(conn, batches), strict=True):
-        if refusal is None:
+    kept: list[Batch] = []
+    refused_streams: list[tuple[Batch, Duplicate]] = []
+    verdicts = await _write_rows(conn, batches) if rows else [None] * len(batches)
+    for batch, verdict in zip(batches, verdicts, strict=True):
+        if isinstance(verdict, Duplicate):
+            out.duplicates.append(verdict)
+            refused_streams.append((batch, verdict))
+            continue
+        kept.append(batch)
+        if verdict is None:
             kept_transitions.extend(batch.transitions)
             continue
-        refusals.append(refusal)
+        out.refusals.append(verdict)
         # A refused terminal transition is not history: it goes into the anomaly instead.
         refused = [t for t in batch.transitions if t["to_state"] in TERMINAL]
         kept_transitions.extend(t for t in batch.transitions if t["to_state"] not in TERMINAL)
         if batch.refusal_idx is not None:
-            extra_anomalies.append(_refusal_anomaly(batch, refusal, refused))
+            extra_anomalies.append(_refusal_anomaly(batch, verdict, refused))
     # Children after their rows (foreign keys); one statement per table (per chunk) per cycle.
     if stage is not None:
-        await _copy_events(conn, stage, batches)
+        await _copy_events(conn, stage, kept)
     else:
-        await _insert(conn, events, _event_rows(conn.dialect, batches))
+        await _insert(conn, events, _event_rows(conn.dialect, kept))
+    out.events = sum(len(b.events) for b in kept)
     await _insert(conn, transitions, _dict_rows(conn.dialect, transitions, kept_transitions))
-    found = [a for b in batches for a in b.anomalies] + extra_anomalies
+    found = [a for b in kept for a in b.anomalies] + extra_anomalies
+    if refused_streams:
+        records = [quarantine.of_batch(b, "duplicate", d.reason) for b, d in refused_streams]
+        await quarantine.insert(conn, records)
+        out.quarantined = len(records)
+        # One anomaly per refused stream, however many of its batches this write saw.
+        streams = {(d.response_id, d.stream_id): d for _, d in refused_streams}
+        found.extend(_duplicate_anomaly(d) for d in streams.values())
     await _insert(conn, anomalies, _dict_rows(conn.dialect, anomalies, found))
-    return refusals
+    return out
 
 
 # -- the response rows --------------------------------------------------------------------------
 
 
-async def _write_rows(conn: AsyncConnection, batches: Sequence[Batch]) -> list[Refusal | None]:
-    """Upsert every batch's row; per batch, the refusal (None: written, or nothing to write)."""
-    out: list[Refusal | None] = [None] * len(batches)
+async def _write_rows(conn: AsyncConnection, batches: Sequence[Batch]) -> list[Refusal | Duplicate | None]:
+    """Upsert every batch's row; per batch, the refusal or the duplicate (None: written, or
+    nothing to write)."""
+    out: list[Refusal | Duplicate | None] = [None] * len(batches)
     todo = list(range(len(batches)))
     while todo:
         # One statement may touch a row once (PostgreSQL refuses more): a response that has
@@ -145,28 +224,44 @@ async def _upsert(conn: AsyncConnection, chunk: list[Batch]) -> int:
     procs = _processors(dialect, _ROW_COLUMNS)
     if dialect.name == "postgresql":
         # One array per column: the statement text is the same whatever the number of rows.
-        columns = [[b.response_id for b in chunk]]
-        for name, proc in zip(_ROW_VALUES, procs[1:], strict=True):
+        columns: list[list[Any]] = [[b.response_id for b in chunk]]
+        for name, proc in zip(_ROW_VALUES, procs[1:-1], strict=True):
             values = [b.row[name] for b in chunk]
             columns.append(values if proc is None else [proc(v) for v in values])
+        columns.append([b.stream_id for b in chunk])
         return await _execute(conn, _pg_upsert(), tuple(columns))
     else:
-        pairs = list(zip(_ROW_VALUES, procs[1:], strict=True))
-        rows = [(b.response_id, *(b.row[n] if p is None else p(b.row[n]) for n, p in pairs)) for b in chunk]
+        pairs = list(zip(_ROW_VALUES, procs[1:-1], strict=True))
+        rows = [
+            (b.response_id, *(b.row[n] if p is None else p(b.row[n]) for n, p in pairs), b.stream_id)
+            for b in chunk
+        ]
     return await _execute(conn, _sqlite_upsert(), (orjson.dumps(rows).decode(),))
 
 
 async def _stored(conn: AsyncConnection, ids: set[str]) -> dict[str, Any]:
     r = responses.c
     rows = await conn.execute(
-        select(r.response_id, r.status, r.owner, r.attempt, r.state_seq).where(r.response_id.in_(ids))
+        select(r.response_id, r.status, r.owner, r.attempt, r.state_seq, r.stream_id).where(
+            r.response_id.in_(ids)
+        )
     )
     return {row.response_id: row for row in rows}
 
 
-def _judge(batch: Batch, found: Any) -> Refusal | None:
-    """Why the upsert left ``batch``'s row alone: a refusal, or None when that was right."""
-    if found is None or found.status not in TERMINAL:
+def _judge(batch: Batch, found: Any) -> Refusal | Duplicate | None:
+    """Why the upsert left ``batch``'s row alone: another stream owns the attempt, a refusal, or
+    None when that was right."""
+    if found is None:
+        return None
+    if (
+        found.attempt == batch.attempt
+        and batch.stream_id is not None
+        and found.stream_id is not None
+        and found.stream_id != batch.stream_id
+    ):
+        return Duplicate(batch.response_id, batch.attempt, batch.stream_id, found.stream_id)
+    if found.status not in TERMINAL:
         return None  # an older write replayed after a newer one: nothing to do
     row = batch.row
     if found.owner == batch.owner and (found.attempt, found.state_seq) >= (batch.attempt, row["state_seq"]):
@@ -178,6 +273,8 @@ def _upsert_tail(dialect: Dialect, distinct: str) -> str:
     q = dialect.identifier_preparer.quote
     t = q(responses.name)
     sets = ", ".join(f"{q(n)} = excluded.{q(n)}" for n in _ROW_VALUES)
+    # A batch without a stream (an old spool) never takes the row's stream away.
+    sets += f", stream_id = coalesce(excluded.stream_id, {t}.stream_id)"
     # Never from a terminal state. Within one writer's own attempt, never backwards (a replayed
     # spool after a newer write); another writer's state is not comparable with ours, so only the
     # terminal guard applies to it.
@@ -192,9 +289,15 @@ def _upsert_tail(dialect: Dialect, distinct: str) -> str:
         f"{t}.status <> 'interrupted' OR excluded.status IN ({sql_list(TERMINAL)})"
         f" OR {t}.attempt < excluded.attempt"
     )
+    # The attempt belongs to the stream whose write landed first; a newer attempt takes it over.
+    own_stream = (
+        f"{t}.stream_id IS NULL OR excluded.stream_id IS NULL OR {t}.stream_id = excluded.stream_id"
+        f" OR {t}.attempt < excluded.attempt"
+    )
     return (
         f" ON CONFLICT (response_id) DO UPDATE SET {sets}, version = {t}.version + 1"
         f" WHERE {t}.status NOT IN ({sql_list(TERMINAL)}) AND ({moves_forward}) AND ({leaves_interrupted})"
+        f" AND ({own_stream})"
     )
 
 
@@ -440,6 +543,57 @@ def _processors(dialect: Dialect, columns: Sequence[Column[Any]]) -> list[_Proce
         procs = [c.type.dialect_impl(dialect).bind_processor(dialect) for c in columns]
         cache[key] = procs
     return procs
+
+
+def sink_idx(key: str) -> int:
+    """An index for an anomaly the writer itself adds: below zero (the recorder numbers its own
+    from zero up), the same for the same ``key`` in every process, so writing it twice (a replay,
+    a second batch of the same stream) finds it there and does nothing."""
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=4).digest()
+    return -1 - int.from_bytes(digest, "big") % (2**31 - 2)
+
+
+async def note_refused(conn: AsyncConnection, batch: Batch, reason: str, key: str) -> bool:
+    """A ``sink_refused`` anomaly on ``batch``'s response, saying what went to the quarantine,
+    if the response's row is there (the anomaly needs it). Written once per ``key``."""
+    if quarantine.text(batch.response_id) != batch.response_id:
+        return False  # an id no column can hold has no row either
+    r = responses.c
+    found = await conn.execute(select(r.attempt).where(r.response_id == batch.response_id))
+    if found.first() is None:
+        return False
+    row = {
+        "response_id": batch.response_id,
+        "attempt": batch.attempt,
+        "source": "sink",
+        "idx": sink_idx(f"sink_refused:{key}"),
+        "kind": AnomalyKind.SINK_REFUSED.value,
+        "reason": f"{reason}; kept in the quarantine table",
+        "at": datetime.now(UTC),
+        "event_type": None,
+        "event_index": None,
+        "payload": None,
+    }
+    await _insert(conn, anomalies, _dict_rows(conn.dialect, anomalies, [row]))
+    return True
+
+
+def _duplicate_anomaly(dup: Duplicate) -> dict[str, Any]:
+    text = quarantine.text
+    return {
+        "response_id": dup.response_id,
+        "attempt": dup.attempt,
+        "source": "sink",
+        "idx": sink_idx(f"duplicate_stream:{dup.stream_id}"),
+        "kind": AnomalyKind.DUPLICATE_STREAM.value,
+        "reason": text(dup.reason),
+        "at": datetime.now(UTC),
+        "event_type": None,
+        "event_index": None,
+        "payload": PreSerialised(
+            orjson.dumps({"stream_id": text(dup.stream_id), "owner_stream": text(dup.owner_stream)}).decode()
+        ),
+    }
 
 
 def _refusal_anomaly(batch: Batch, refusal: Refusal, refused: list[dict[str, Any]]) -> dict[str, Any]:

@@ -28,8 +28,9 @@ async def _count(sink: SqlSink, stmt: Any) -> int:
 
 async def test_refused_terminal_among_many_rows_of_one_statement(target: Target) -> None:
     # Writer a ends "r_taken" as completed. Writer b then records 30 responses in ONE cycle (one
-    # upsert statement), one of them "r_taken" failed: only that row is refused, recorded as a
-    # sink_refused anomaly with the refused transition; the 29 others are written.
+    # upsert statement), one of them a recovered attempt of "r_taken" that failed: only that row is
+    # refused, recorded as a sink_refused anomaly with the refused transition; the 29 others are
+    # written. (A second stream of the same attempt would be a duplicate: test_duplicate_stream.)
     async with asyncio.timeout(60):
         a = make_sink(target)
         await run_guarded(a, script("r_taken", n_deltas=2, final="completed"))
@@ -40,7 +41,8 @@ async def test_refused_terminal_among_many_rows_of_one_statement(target: Target)
         recs = []
         ids = [f"r_new_{i}" for i in range(29)] + ["r_taken"]
         for rid in ids:
-            lc = Lifecycle(info=ResponseInfo(response_id=rid))
+            info = ResponseInfo(response_id=rid)
+            lc = Lifecycle.for_recovery(info) if rid == "r_taken" else Lifecycle(info=info)
             rec = b.recorder(lc)
             lc.transition(State.IN_PROGRESS)
             for i in range(3):
@@ -75,8 +77,8 @@ async def test_refused_terminal_among_many_rows_of_one_statement(target: Target)
     assert n_terminal == 1
     assert len(refused) == 1
     assert refused[0].payload[0]["to_state"] == "failed"
-    # a stored 6 events of r_taken; b's seq 0-2 of r_taken are the same keys: kept once.
-    assert n_events == 6 + 29 * 3
+    # a stored 6 events of r_taken (attempt 1); b's 3 of attempt 2 are kept beside them.
+    assert n_events == 6 + 29 * 3 + 3
 
 
 async def test_several_batches_of_one_response_in_one_write(target: Target) -> None:

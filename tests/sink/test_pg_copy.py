@@ -31,9 +31,9 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[Batch]]:
         copies.append(sum(len(b.events) for b in todo))
         await copy_events(conn, driver, todo)
 
-    async def keeping_write(conn: Any, todo: Sequence[Batch]) -> list[writer.Refusal]:
+    async def keeping_write(conn: Any, todo: Sequence[Batch], **kw: Any) -> writer.Written:
         batches.extend(todo)
-        return await write(conn, todo)
+        return await write(conn, todo, **kw)
 
     monkeypatch.setattr(writer, "_copy_events", counting_copy)
     monkeypatch.setattr(sink_module, "write", keeping_write)

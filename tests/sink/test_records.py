@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 
 from eventguard import guard
 from eventguard.lifecycle import Cause, Lifecycle, ResponseInfo, State
-from eventguard.sink import SqlSink
+from eventguard.sink import SqlSink, quarantine
 from eventguard.sink.tables import TERMINAL, transitions
 from eventguard.store import ResponseStore
 
@@ -158,6 +158,9 @@ async def test_odd_response_ids_through_bound_parameters(
 
 
 async def test_second_writer_cannot_overwrite_a_terminal(target: Target, store: ResponseStore) -> None:
+    # The second writer streams the same response id and attempt: a duplicate stream. None of it
+    # reaches the first one's history (its row, events, transitions, anomalies); all of it is in
+    # the quarantine, and one duplicate_stream anomaly says so on the response.
     rid = "resp_twice_ended"
     async with asyncio.timeout(30):
         a, b = make_sink(target), make_sink(target)
@@ -166,7 +169,9 @@ async def test_second_writer_cannot_overwrite_a_terminal(target: Target, store: 
         await run_guarded(b, script(rid, n_deltas=2, final="failed"))
         await b.aclose()
         rec = await store.get(rid)
-        found = await store.anomalies(response_id=rid, kind="sink_refused")
+        hist = await store.history(rid)
+        refused = await store.anomalies(response_id=rid, kind="sink_refused")
+        duplicate = await store.anomalies(response_id=rid, kind="duplicate_stream")
         async with b.engine.connect() as conn:
             n_terminal = (
                 await conn.execute(
@@ -175,15 +180,18 @@ async def test_second_writer_cannot_overwrite_a_terminal(target: Target, store: 
                     )
                 )
             ).scalar_one()
+            kept = await quarantine.read(conn, response_id=rid)
         await b.engine.dispose()
     assert rec is not None
     assert rec.status == "completed"
     assert n_terminal == 1
-    # Every status change of the second writer was refused, its terminal included; each is an anomaly.
-    assert [r.wanted for r in b.stats.refusals][-1] == "failed"
-    assert len(found.items) == len(b.stats.refusals)
-    assert all("already 'completed'" in a.reason for a in found.items)
-    assert found.items[-1].payload[0]["to_state"] == "failed"  # the refused transition, kept
+    assert hist is not None
+    assert [e.type for e in hist.attempts[0].events][-1] == "response.completed"
+    assert b.stats.refusals == []
+    assert refused.items == []
+    assert len(duplicate.items) == 1
+    assert {k.origin for k in kept} == {"duplicate"}
+    assert sum(k.event_count() for k in kept) == 6  # every event of the second stream
 
 
 async def test_recovered_attempt_keeps_the_first(target: Target, store: ResponseStore) -> None:
