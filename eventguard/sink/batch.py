@@ -336,8 +336,9 @@ def _spec(table: Table, *skip: str) -> tuple[tuple[str, bool, _Check], ...]:
     )
 
 
-# The row carries every column but the key, the version (the database keeps those) and the id
-# (the batch's own). A missing nullable column (a spool older than the column) reads as null.
+# The row carries the columns but the key, the version (the database keeps those) and the id
+# (the batch's own). A nullable column may be missing (a spool older than the column, a column
+# the writer takes from elsewhere): it stays missing, so a batch reads back exactly as written.
 _ROW = _spec(responses, "pk", "version", "response_id")
 _TRANSITION = _spec(transitions)
 _ANOMALY = _spec(anomalies)
@@ -350,8 +351,6 @@ def _record(value: object, path: str, spec: tuple[tuple[str, bool, _Check], ...]
             data[name] = check(data[name], f"{path}.{name}")
         elif required:
             raise BatchFormatError(f"{path}.{name}: missing")
-        else:
-            data[name] = None
     return data
 
 

@@ -23,6 +23,7 @@ import pytest
 from eventguard._db import PreSerialised
 from eventguard.sink.batch import Batch, BatchFormatError
 from eventguard.sink.spool import BadRecord, Spool, SpoolFile, encode_record
+from eventguard.sink.tables import responses
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -59,6 +60,10 @@ def make_batch(rid: str = "resp_1", text: str = "boom", n_events: int = 3, paylo
         "owner": f"host:1:{text}",
         "updated_at": T0 + timedelta(seconds=2),
     }
+    # Columns added to the schema since (nullable): a batch carries every column of the table.
+    for column in responses.columns:
+        if column.name not in ("pk", "version", "response_id"):
+            row.setdefault(str(column.name), None)
     pad = "x" * payload_pad
     events = [
         (
