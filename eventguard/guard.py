@@ -2,9 +2,19 @@
 
 Ownership, as in aiostream's ``streamcontext`` and asyncstdlib: the guard owns the inner stream from
 the moment it is built. It closes it exactly once, on every exit path, in the call that ends the
-guard (never later, from the garbage collector). It never swallows cancellation: ``CancelledError``,
+guard (never later, from the garbage collector). A guard its consumer drops without closing it
+(``break`` out of ``async for`` without ``async with``) is finalised like an async generator: the
+event loop's finaliser closes it, and it ends there, closing the inner stream and recording the
+ending; nothing (not its watchdog) holds it alive. It never swallows cancellation: ``CancelledError``,
 ``ResponseExitForRecovery`` and every other ``BaseException`` are re-raised untouched, and
 ``Task.cancelling()`` is left as it was found.
+
+An ending the guard records on its own, while the inner stream still runs (its watchdog's: a stuck
+inner stream, a host that stopped iterating), is final: nothing the inner stream produces afterwards
+is forwarded (each event is kept as an anomaly), and the terminal that ending calls for, if any, is
+forwarded in its place when the consumer comes back for it. The recorded ending and the forwarded
+stream never disagree. The watchdog interrupts only the task inside the guard's current step, found
+when it fires (a step may run in a task of its own), never another task.
 
 The per-event loop is the hot path: for an output or delta event it does one ``await``, one type
 lookup, one counter increment and, with a sink, one buffered append. Everything else (validation of
@@ -15,10 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import inspect
 import logging
+import sys
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
-from types import AsyncGeneratorType, TracebackType
+from types import AsyncGeneratorType, CoroutineType, GeneratorType, TracebackType
 from typing import Any, Final, Literal, Protocol, cast
 
 from eventguard.decision import Decision, Ending, Flags, Forward, Options, decide
@@ -116,6 +129,7 @@ class Guard:
         "__weakref__",
         "_cancelling_before",
         "_closer",
+        "_closing",
         "_context",
         "_exiting",
         "_finished",
@@ -127,6 +141,7 @@ class Guard:
         "_loop",
         "_n",
         "_options",
+        "_own_ending",
         "_pending",
         "_rec",
         "_signal",
@@ -136,6 +151,7 @@ class Guard:
         "_strict",
         "_stuck_handled",
         "_stuck_sent",
+        "_stuck_task",
         "_task",
         "_terminal_seen",
         "_used",
@@ -212,10 +228,18 @@ class Guard:
         self._terminal_seen = False
         self._finished = False
         self._snapshot: dict[str, Any] | None = None
+        #: The task that took the first step: where the watchdog looks first for the waiting task.
         self._task: asyncio.Task[Any] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._stuck_sent = False
         self._stuck_handled = False
+        #: The task the watchdog cancelled out of the inner stream's await, while that is handled.
+        self._stuck_task: asyncio.Task[Any] | None = None
+        #: The ending the guard recorded on its own (the watchdog: stuck, abandoned): final. Nothing
+        #: the inner stream produces afterwards is forwarded (see _after_own_ending).
+        self._own_ending: Decision | None = None
+        #: How the consumer is closing the guard while its generator unwinds (see _end_closed).
+        self._closing: Ending | None = None
         self._cancelling_before = 0
         #: How many times the guard closed the inner stream (0 or 1); public for tests and audits.
         self.inner_closed = 0
@@ -265,9 +289,15 @@ class Guard:
             raise RuntimeError("aclose(): the guard is in the middle of a step in another task")
         if gen is not None and not gen.ag_running:
             # Suspended between events (or never started): end our generator first, in this call.
+            # Suspended at a hand-over, it records the ending itself (see _run), with this cause.
+            self._closing = ending
             await gen.aclose()
         if self._finished:
             return
+        await self._end_closed(ending)
+
+    async def _end_closed(self, ending: Ending) -> None:
+        """The consumer closed the guard (or dropped it) before the end: decide, close, flush."""
         self._settle()
         if not self.lifecycle.ended:
             self._apply(decide(ending, self._flags(), self._options))
@@ -281,15 +311,26 @@ class Guard:
         ``athrow()``) or raised by the guard itself goes straight through, untouched.
         Its values are literals, not named constants, because a global lookup per event shows
         in the benchmark: 0 pulling from the inner stream, 1 working on an event, 2 handing over.
+
+        A consumer that drops the guard without closing it (``break`` out of ``async for`` without
+        ``async with``) leaves this generator suspended at a hand-over: the event loop's async
+        generator finaliser then closes it, as it would any async generator, and the guard ends
+        there (``GeneratorExit`` at phase 2): the inner stream is closed and the ending recorded.
         """
         self._used = True
         grace = self._grace
         if grace is not None or self._rec is not None:
             loop = self._check_loop()
             if grace is not None:
-                # The task that iterates the guard; the watchdog interrupts only this task's await.
+                # The task that takes the first step: the watchdog looks there first for the task
+                # waiting on the inner stream (a later step may run in another task: see _waiting_task).
                 self._task = asyncio.current_task()
-                self._watchdog = loop.create_task(self._watch(grace))
+                # It holds the guard only by a weak reference: a guard dropped without being closed is
+                # collected and finalised like an async generator, and that cancels the watchdog.
+                shutdown = getattr(self._context, "shutdown", None) if self._context is not None else None
+                self._watchdog = loop.create_task(
+                    Guard._watch(weakref.ref(self), self._signal, shutdown, grace)
+                )
         rec = self._rec
         # Plain str types already seen to need nothing but forwarding; emptied (see _go_slow) once
         # every event must take the slow path: after the terminal, or when the guard is ending.
@@ -311,7 +352,7 @@ class Guard:
                     out = self._slow_event(event)
                     n = self._n
                     if self._stop_after:
-                        await self._finish(close_inner=False)
+                        await self._finish()  # the inner stream's close is already under way
                         final = out
                         break
                     if out is _DROP:
@@ -333,7 +374,11 @@ class Guard:
         except BaseException as exc:
             self._n = max(self._n, n)
             if phase == 2:
-                raise  # thrown in by the consumer at a yield: not the inner stream's ending
+                # Thrown in by the consumer at a yield: not the inner stream's ending. A close
+                # (aclose(), or the loop finalising a guard that was dropped) ends the guard here.
+                if exc.__class__ is GeneratorExit and not self._finished:
+                    await self._end_closed(self._closing or Ending.CLOSED_EARLY)
+                raise
             if phase == 1:
                 # The guard's own error (strict mode's InvalidEvent, say): end, then let it through.
                 await self._on_raised(exc, Ending.RAISED)
@@ -378,7 +423,9 @@ class Guard:
         # guard ends its own stream now and leaves the close to run on its own.
         if self.inner_closed:
             return
-        _spawn(self._close_inner_quietly())
+        self.inner_closed += 1
+        if self._closer is not None:
+            _spawn(_close_quietly(self._closer))
 
     def _check_loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, which must be the one the guard (and its recorder) was built in."""
@@ -402,12 +449,6 @@ class Guard:
         # guard() refuses a stream that is not async iterable.
         self._finished = True
         self._go_slow()
-
-    async def _close_inner_quietly(self) -> None:
-        try:
-            await self._close_inner()
-        except Exception:
-            log.warning("closing a stuck inner stream raised", exc_info=True)
 
     async def _flush(self) -> None:
         rec = self._rec
@@ -456,14 +497,17 @@ class Guard:
         self._settle()
         if isinstance(exc, StopAsyncIteration):
             out: Any = _DROP
-            if not self._terminal_seen and not self.lifecycle.terminal:
+            if self._own_ending is not None:
+                out = self._own_terminal()
+            elif not self._terminal_seen and not self.lifecycle.terminal:
                 out = self._end_with(decide(Ending.NO_TERMINAL, self._flags(), self._options))
             await self._finish()
             return out
         if isinstance(exc, asyncio.CancelledError):
             task = asyncio.current_task()
-            if self._stuck_sent and not self._stuck_handled and task is not None:
+            if self._stuck_sent and not self._stuck_handled and task is not None and task is self._stuck_task:
                 self._stuck_handled = True
+                self._stuck_task = None
                 # Undo our own cancel only; if someone else cancelled too, theirs stands and propagates.
                 if task.uncancel() <= self._cancelling_before:
                     return await self._end_stuck()
@@ -485,7 +529,8 @@ class Guard:
 
     async def _on_raised(self, exc: BaseException, ending: Ending) -> None:
         self._settle()
-        if not self.lifecycle.ended or self.lifecycle.state is State.INTERRUPTED:
+        lc = self.lifecycle
+        if self._own_ending is None and (not lc.ended or lc.state is State.INTERRUPTED):
             decision = decide(ending, self._flags(), self._options)
             self.lifecycle.error = ErrorInfo(
                 code=None, message=_short(str(exc)), exception_type=_qualname(type(exc))
@@ -496,6 +541,18 @@ class Guard:
     def _end_with(self, decision: Decision) -> Any:
         """Apply a decision reached without a terminal from the inner stream; what to forward."""
         self._apply(decision)
+        return self._terminal_for(decision)
+
+    def _own_terminal(self) -> Any:
+        """The terminal the guard's own ending calls for, once, when the consumer is back to take it."""
+        decision = self._own_ending
+        if decision is None or self._terminal_seen:
+            return _DROP
+        self._terminal_seen = True
+        return self._terminal_for(decision)
+
+    def _terminal_for(self, decision: Decision) -> Any:
+        """The terminal to forward for a decision reached without one from the inner stream."""
         synthesised: Any = _DROP
         if decision.forward is Forward.FAILED_MISSING_TERMINAL:
             synthesised = self._synthesise("failed", decision.cause.value, decision.reason)
@@ -544,6 +601,8 @@ class Guard:
         etype = event_type_of(event)
         if self._stuck_sent and not self._stuck_handled:
             return self._stuck_cancel_swallowed(event, etype)
+        if self._own_ending is not None:
+            return self._after_own_ending(event, etype)
         if self._terminal_seen:
             duplicate = isinstance(etype, str) and etype in TERMINAL_TYPES
             kind = AnomalyKind.DUPLICATE_TERMINAL if duplicate else AnomalyKind.EVENT_AFTER_TERMINAL
@@ -592,12 +651,37 @@ class Guard:
         # An object the guard does not know (a ResponseCheckpointEvent, say): the host's business.
         return self._forward(event, None)
 
+    def _after_own_ending(self, event: Any, etype: object) -> Any:
+        """The inner stream produced an event after the guard recorded an ending of its own.
+
+        That ending is final: the event is not forwarded (an anomaly keeps it), the terminal the
+        ending calls for is forwarded in its place if none was, the inner stream is closed and the
+        guard's stream ends. So the record and the forwarded stream never disagree: a shielded model
+        call that returns after a stuck ending cannot forward a late delta and ``response.completed``.
+        """
+        decision = self._own_ending
+        assert decision is not None
+        duplicate = isinstance(etype, str) and etype in TERMINAL_TYPES
+        self._anomaly(
+            AnomalyKind.DUPLICATE_TERMINAL if duplicate else AnomalyKind.EVENT_AFTER_TERMINAL,
+            f"{etype!r} produced after the guard recorded its ending ({decision.state.value}, "
+            f"{decision.cause.value}); not forwarded",
+            etype,
+            event,
+        )
+        out = self._own_terminal()
+        if self._stuck_handled:
+            self._close_inner_in_background()  # it may be as slow to close as it was to return
+        self._stop_after = True
+        return out
+
     def _stuck_cancel_swallowed(self, event: Any, etype: object) -> Any:
         # The inner stream swallowed the cancel we sent it after cancel_grace: take it back and end.
         self._stuck_handled = True
         self._settle()
-        task = asyncio.current_task()
-        if task is not None:
+        task = self._stuck_task
+        self._stuck_task = None
+        if task is not None and task.cancelling() > self._cancelling_before:
             task.uncancel()
         self.lifecycle.note(
             AnomalyKind.STUCK,
@@ -771,48 +855,57 @@ class Guard:
             process_exiting=exiting,
         )
 
-    async def _watch(self, grace: float) -> None:
-        """Once a cause is signalled, give the stream ``grace`` seconds, then stop waiting for it."""
-        await self._wait_for_cause()
+    @staticmethod
+    async def _watch(
+        ref: weakref.ref[Guard], signal: CancellationSignal, shutdown: object, grace: float
+    ) -> None:
+        """Once a cause is signalled, give the stream ``grace`` seconds, then stop waiting for it.
+
+        Holds the guard only by ``ref``, and only between its awaits: a guard dropped without being
+        closed is collected, and its generator's finaliser cancels this task.
+        """
+        await _wait_for_cause(ref, signal, shutdown)
         await asyncio.sleep(grace)
-        if self._finished:
+        g = ref()
+        if g is None or not g._on_grace(grace):
             return
+        del g
+        await asyncio.sleep(grace)
+        g = ref()
+        if g is not None:
+            g._on_second_grace()
+
+    def _on_grace(self, grace: float) -> bool:
+        """``grace`` after the cause. True when a stuck await was cancelled and is to be checked again."""
+        if self._finished or self._own_ending is not None:
+            return False
         gen = self._gen
         if gen is not None and gen.ag_await is not None:
-            # Suspended inside an await of the hot loop: that is the inner stream's __anext__.
-            task = self._task
-            if task is None or task.done():
-                return
+            # Suspended inside an await of the hot loop: that is the inner stream's __anext__, in
+            # whichever task took this step (each step may be a task of its own: wait_for(anext(it))).
+            task = _waiting_task(gen, self._task)
+            if task is None:
+                # No task is seen waiting through the guard (a step driven by hand, or through an
+                # awaitable the guard cannot look into). Never cancel a task that is not inside the
+                # guard: record the ending without interrupting anyone.
+                self._stuck_handled = True
+                self._record_stuck(
+                    f"{_STUCK_MESSAGE}; no task waiting in the guard could be found to interrupt: ending "
+                    "recorded without it, the consumer stays blocked until the inner stream returns"
+                )
+                return False
             if task.cancelling() > 0:
                 # A cancel is already on its way to that await (a timeout, the host): it ends the
                 # wait anyway, and ours could not be told apart from it when it arrives.
-                return
+                return False
             # Stuck in the inner stream's await: cancel just that await, as asyncio.timeout does,
             # and take the cancel back when it reaches the guard (see _on_inner_exit).
             self._cancelling_before = task.cancelling()
             self._stuck_sent = True
+            self._stuck_task = task
             self._go_slow()
             task.cancel(msg=_STUCK_MESSAGE)
-            await asyncio.sleep(grace)
-            if self._finished or self._stuck_handled or gen.ag_await is None:
-                return
-            # The inner stream swallowed the cancel and is waiting again. Nothing short of running
-            # every pull in a task of its own (a cost on every event) can end that wait; record the
-            # ending now, and give the task back the cancel count it had.
-            self._stuck_handled = True
-            if task.cancelling() > self._cancelling_before:
-                task.uncancel()
-            self.lifecycle.note(
-                AnomalyKind.STUCK,
-                f"{_STUCK_MESSAGE}; it swallowed the cancel and is still waiting: ending recorded "
-                "without it, the consumer stays blocked until the inner stream returns",
-                event_index=self._n,
-            )
-            self._settle()
-            if not self.lifecycle.terminal:
-                self._apply(decide(Ending.STUCK, self._flags(), self._options))
-            log.warning("eventguard: %s", _STUCK_MESSAGE + " and swallowed the cancel")
-            return
+            return True
         flags = self._flags()
         if flags.client_cancelled or flags.shutdown:
             self._settle()
@@ -823,25 +916,130 @@ class Guard:
                 f"the host stopped iterating for {grace}s after the signal; ending recorded without it",
                 event_index=self._n,
             )
-            self._apply(decide(Ending.ABANDONED, flags, self._options))
+            self._own(decide(Ending.ABANDONED, flags, self._options))
+        return False
 
-    async def _wait_for_cause(self) -> None:
-        signal = self._signal
-        shutdown = getattr(self._context, "shutdown", None) if self._context is not None else None
-        if isinstance(signal, asyncio.Event) and (shutdown is None or isinstance(shutdown, asyncio.Event)):
-            if shutdown is None:
-                await signal.wait()
-                return
-            waits = [asyncio.ensure_future(signal.wait()), asyncio.ensure_future(shutdown.wait())]
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits:
-                    w.cancel()
+    def _on_second_grace(self) -> None:
+        gen = self._gen
+        task = self._stuck_task
+        if self._finished or self._stuck_handled or gen is None or gen.ag_await is None or task is None:
             return
-        # A signal we cannot wait on: poll it, gently.
-        while not (signal.is_set() or _is_set(shutdown)):  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
+        # The inner stream swallowed the cancel and is waiting again. Nothing short of running
+        # every pull in a task of its own (a cost on every event) can end that wait; record the
+        # ending now, and give the task back the cancel count it had.
+        self._stuck_handled = True
+        self._stuck_task = None
+        if task.cancelling() > self._cancelling_before:
+            task.uncancel()
+        self._record_stuck(
+            f"{_STUCK_MESSAGE}; it swallowed the cancel and is still waiting: ending recorded "
+            "without it, the consumer stays blocked until the inner stream returns"
+        )
+        log.warning("eventguard: %s", _STUCK_MESSAGE + " and swallowed the cancel")
+
+    def _record_stuck(self, reason: str) -> None:
+        """Record a stuck ending while the consumer is still blocked in the inner stream's await."""
+        self.lifecycle.note(AnomalyKind.STUCK, reason, event_index=self._n)
+        self._settle()
+        if not self.lifecycle.terminal:
+            self._own(decide(Ending.STUCK, self._flags(), self._options))
+        elif self._rec is not None:
+            self._rec.changed()
+
+    def _own(self, decision: Decision) -> None:
+        """Record an ending the guard reached on its own, while the inner stream still runs: final.
+
+        From now on nothing the inner stream produces is forwarded (see _after_own_ending), so
+        that the recorded ending and the forwarded stream never disagree.
+        """
+        self._apply(decision)
+        self._own_ending = decision
+        self._go_slow()
+
+
+async def _wait_for_cause(ref: weakref.ref[Guard], signal: CancellationSignal, shutdown: object) -> None:
+    if isinstance(signal, asyncio.Event) and (shutdown is None or isinstance(shutdown, asyncio.Event)):
+        # Nothing to poll: woken only by the signal (or the shutdown flag) itself.
+        if shutdown is None:
+            await signal.wait()
+            return
+        waits = [asyncio.ensure_future(signal.wait()), asyncio.ensure_future(shutdown.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        return
+    # A signal we cannot wait on (a threading.Event, any object with is_set()): poll it, gently.
+    while not (signal.is_set() or _is_set(shutdown)):
+        if ref() is None:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def _probe() -> AsyncGenerator[None, None]:
+    yield None
+
+
+def _step_wrapper_types() -> tuple[type, ...]:
+    """The awaitables that stand for one step of an async generator: asend, athrow, anext(it, d)."""
+    hooks = sys.get_asyncgen_hooks()
+    sys.set_asyncgen_hooks(None, None)  # a probe, not an async generator for the loop to finalise
+    try:
+        gen = _probe()
+        made = [gen.asend(None), gen.athrow(GeneratorExit()), anext(gen, None)]
+        kinds = tuple({type(m) for m in made})
+        for m in made:
+            close = getattr(m, "close", None)
+            if close is not None:
+                close()
+    finally:
+        sys.set_asyncgen_hooks(*hooks)
+    return kinds
+
+
+_STEP_WRAPPERS: Final = _step_wrapper_types()
+_CHAIN_TYPES: Final = (AsyncGeneratorType, CoroutineType, GeneratorType, *_STEP_WRAPPERS)
+_MAX_CHAIN: Final = 256
+
+
+def _waiting_task(
+    gen: AsyncGeneratorType[Any, None], hint: asyncio.Task[Any] | None
+) -> asyncio.Task[Any] | None:
+    """The task whose current await runs through ``gen``: the one inside the guard's step, or None.
+
+    Read at fire time only (never on the hot path): ``hint``, the task of the first step, is looked
+    at first, then every task of the loop.
+    """
+    if hint is not None and not hint.done() and _awaits_through(hint, gen):
+        return hint
+    for task in asyncio.all_tasks():
+        if task is not hint and _awaits_through(task, gen):
+            return task
+    return None
+
+
+def _awaits_through(task: asyncio.Task[Any], gen: object) -> bool:
+    """Whether ``task``'s chain of awaits (coroutines, generators, async generator steps) reaches ``gen``.
+
+    The chain stops at a future: a task that awaits another task is not inside that task's step.
+    """
+    obj: object = task.get_coro()
+    for _ in range(_MAX_CHAIN):
+        if obj is gen:
+            return True
+        if isinstance(obj, CoroutineType):
+            obj = obj.cr_await
+        elif isinstance(obj, AsyncGeneratorType):
+            obj = obj.ag_await
+        elif isinstance(obj, GeneratorType):
+            obj = obj.gi_yieldfrom
+        elif isinstance(obj, _STEP_WRAPPERS):
+            # A step of an async generator (anext(it), it.asend(v)) keeps its generator to itself.
+            obj = next((r for r in gc.get_referents(obj) if isinstance(r, _CHAIN_TYPES)), None)
+        else:
+            return False
+    return False
 
 
 def info_from_context(context: Any) -> ResponseInfo:
@@ -911,6 +1109,13 @@ def _exit_ending(exc: BaseException | None) -> Ending:
 async def _empty() -> AsyncGenerator[Any, None]:
     return
     yield  # an async generator that ends at once: a guard closed before its first step
+
+
+async def _close_quietly(closer: Callable[[], Awaitable[Any]]) -> None:
+    try:
+        await closer()
+    except Exception:
+        log.warning("closing a stuck inner stream raised", exc_info=True)
 
 
 def _spawn(aw: Awaitable[Any]) -> asyncio.Future[Any]:

@@ -188,8 +188,11 @@ async def test_no_cancel_reaches_the_consumer_between_events() -> None:
             if len(out) == 2:
                 signal.set()
                 await asyncio.sleep(0.1)  # would raise CancelledError if the guard cancelled us here
-    # All six events but the completed terminal, withheld: without a context the signal is a client cancel.
-    assert len(out) == 5 and out[-1]["type"] != "response.completed"
+    # Not cancelled: the pause past cancel_grace after the signal (without a context, a client cancel)
+    # is recorded as abandoned, and that ending is final: nothing more is forwarded, the stream ends.
+    assert len(out) == 2
+    assert g.lifecycle.state is State.CANCELLED
+    assert [a.kind for a in g.lifecycle.anomalies] == ["abandoned", "event_after_terminal"]
 
 
 async def test_host_that_stops_iterating_after_a_client_cancel_is_recorded_within_grace() -> None:

@@ -1,0 +1,207 @@
+"""A guard dropped without ``async with`` is finalised like an async generator.
+
+``break`` out of ``async for`` over a guard without ``async with``, then drop the guard: nothing closes
+it explicitly. The event loop's async generator finaliser closes the guard's own generator once the
+garbage collector finds it unreachable, and the guard ends there: the inner stream is closed (its
+``finally`` runs exactly once), the ending is recorded by the decision table (``closed_early``, or the
+cause flags), the recorder is flushed, and no task is left behind. The watchdog holds the guard only
+by a weak reference, so it never keeps a dropped guard alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from eventguard import Cause, Lifecycle, State, guard
+
+from .scripted import make_context, stream_events
+
+BOUND = 5.0
+
+
+class PlainSignal:
+    """A signal that is not an asyncio.Event: the watchdog polls it."""
+
+    def __init__(self) -> None:
+        self.flag = False
+
+    def is_set(self) -> bool:
+        return self.flag
+
+
+@dataclass
+class Inner:
+    """An async generator stream whose ``finally`` is counted."""
+
+    events: list[Any]
+    finally_ran: int = 0
+
+    async def stream(self) -> AsyncIterator[Any]:
+        try:
+            for e in self.events:
+                yield e
+                await asyncio.sleep(0)
+        finally:
+            self.finally_ran += 1
+
+
+@dataclass
+class FlushSink:
+    """A recorder that counts its final flushes."""
+
+    closes: int = 0
+    events: list[int] = field(default_factory=list)
+
+    def recorder(self, lifecycle: Lifecycle) -> FlushSink:
+        return self
+
+    def event(self, index: int, event_type: str | None, event: object) -> None:
+        self.events.append(index)
+
+    def changed(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        self.closes += 1
+
+
+def other_tasks() -> set[asyncio.Task[Any]]:
+    return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+
+async def collect_until(done: Any) -> None:
+    """Collect garbage and give the loop turns until ``done()``; bounded, never swallowing the timeout."""
+    async with asyncio.timeout(BOUND):
+        while True:
+            gc.collect()
+            await asyncio.sleep(0.01)
+            if done():
+                return
+
+
+async def break_and_drop(
+    inner: Inner,
+    signal: Any,
+    *,
+    context: Any = None,
+    cancel_grace: float | None,
+    sink: Any = None,
+    steps: int = 1,
+) -> tuple[Lifecycle, weakref.ref[Any]]:
+    """Iterate a guard with plain ``async for`` (no ``async with``), break after ``steps`` events, drop it."""
+    g = guard(inner.stream(), signal, context=context, cancel_grace=cancel_grace, sink=sink)
+    lc, ref = g.lifecycle, weakref.ref(g)
+    seen = 0
+    async with asyncio.timeout(BOUND):
+        async for _ in g:
+            seen += 1
+            if seen == steps:
+                break
+    del g
+    return lc, ref
+
+
+@pytest.mark.parametrize("cancel_grace", [0.05, 10.0, None], ids=["grace 0.05", "grace 10", "no watchdog"])
+@pytest.mark.parametrize("signal_kind", ["asyncio.Event", "polled"])
+async def test_a_guard_dropped_after_break_is_finalised_closed_early(
+    cancel_grace: float | None, signal_kind: str
+) -> None:
+    inner = Inner(stream_events(5))
+    # The test keeps the signal (and the context's shutdown event) alive, as the host does: what the
+    # watchdog waits on must not keep the guard alive.
+    signal: Any = asyncio.Event() if signal_kind == "asyncio.Event" else PlainSignal()
+    ctx = make_context()
+    lc, ref = await break_and_drop(inner, signal, context=ctx, cancel_grace=cancel_grace, steps=3)
+    await collect_until(lambda: lc.ended and not other_tasks())
+    assert (lc.state, lc.cause) == (State.FAILED, Cause.CLOSED_EARLY)
+    assert inner.finally_ran == 1
+    assert lc.events_forwarded == 3
+    assert not other_tasks()  # no watchdog, no waiter, no finaliser left running
+    gc.collect()
+    assert ref() is None  # and the guard itself is gone
+
+
+async def test_a_dropped_guard_is_ended_by_the_cause_flags_of_that_moment() -> None:
+    # The decision table decides, as for any close: a client cancel before the drop is a cancel.
+    inner = Inner(stream_events(5))
+    signal = asyncio.Event()
+    ctx = make_context()
+    ctx.client_cancelled = True
+    signal.set()
+    lc, _ = await break_and_drop(inner, signal, context=ctx, cancel_grace=10.0, steps=2)
+    await collect_until(lambda: lc.ended and not other_tasks())
+    assert (lc.state, lc.cause) == (State.CANCELLED, Cause.CLIENT_CANCEL)
+    assert inner.finally_ran == 1
+
+
+async def test_a_guard_dropped_after_its_terminal_keeps_the_terminal() -> None:
+    events = stream_events(2)
+    inner = Inner(events)
+    lc, _ = await break_and_drop(
+        inner, asyncio.Event(), context=make_context(), cancel_grace=10.0, steps=len(events)
+    )
+    await collect_until(lambda: lc.ended and not other_tasks())
+    assert (lc.state, lc.cause) == (State.COMPLETED, Cause.NORMAL)
+    assert inner.finally_ran == 1
+
+
+async def test_a_dropped_guard_flushes_its_recorder_once() -> None:
+    sink = FlushSink()
+    inner = Inner(stream_events(5))
+    lc, _ = await break_and_drop(inner, asyncio.Event(), cancel_grace=0.05, sink=sink, steps=2)
+    await collect_until(lambda: sink.closes > 0 and not other_tasks())
+    assert sink.closes == 1
+    assert sink.events == [0, 1]
+    assert (lc.state, lc.cause) == (State.FAILED, Cause.CLOSED_EARLY)
+
+
+async def test_the_ending_of_a_dropped_guard_does_not_wait_for_cancel_grace() -> None:
+    # Recorded as soon as the collector finds the guard, well within cancel_grace (here an hour).
+    inner = Inner(stream_events(5))
+    loop = asyncio.get_running_loop()
+    lc, _ = await break_and_drop(inner, asyncio.Event(), context=make_context(), cancel_grace=3600.0, steps=1)
+    start = loop.time()
+    await collect_until(lambda: lc.ended)
+    assert loop.time() - start < 1.0
+    assert lc.cause is Cause.CLOSED_EARLY
+
+
+async def test_a_consumer_task_that_breaks_and_ends_leaves_nothing_behind() -> None:
+    inner = Inner(stream_events(5))
+    signal = asyncio.Event()
+    holder = SimpleNamespace(lc=None)
+
+    async def consumer() -> None:
+        g = guard(inner.stream(), signal, context=make_context(), cancel_grace=0.05)
+        holder.lc = g.lifecycle
+        async for _ in g:
+            break
+
+    async with asyncio.timeout(BOUND):
+        await asyncio.create_task(consumer())
+    await collect_until(lambda: holder.lc is not None and holder.lc.ended and not other_tasks())
+    assert holder.lc is not None and holder.lc.cause is Cause.CLOSED_EARLY
+    assert inner.finally_ran == 1
+    signal.set()  # a signal set later wakes nothing: the watchdog is gone
+    await asyncio.sleep(0.1)
+    assert not other_tasks()
+
+
+async def test_the_watchdog_holds_no_strong_reference_to_its_guard() -> None:
+    signal = asyncio.Event()
+    g = guard(Inner(stream_events(3)).stream(), signal, context=make_context(), cancel_grace=10.0)
+    async with asyncio.timeout(BOUND), g:
+        await g.__anext__()
+        (watchdog,) = [
+            t for t in other_tasks() if getattr(t.get_coro(), "__qualname__", "") == "Guard._watch"
+        ]
+        frame = watchdog.get_coro().cr_frame  # type: ignore[union-attr]
+        assert all(v is not g for v in frame.f_locals.values())
