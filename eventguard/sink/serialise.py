@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from eventguard._db import PreSerialised
 from eventguard.lifecycle import AnomalyKind
+from eventguard.sink.storable import JsonNotes, clean_json, nulls_hide_non_finite
 
 #: ``(event_type, jsonable_event) -> what to store``. Runs in the writer, not on the hot path.
 #: It receives the very dict the client was sent: return a new object, never mutate it.
@@ -68,34 +69,53 @@ def encode(
         obj = redact(event_type, obj)
 
     fallbacks: list[str] = []
+    notes = JsonNotes()
 
     def default(value: object) -> object:
+        # What orjson cannot take itself, made storable here too (a str() may hold a NUL).
         if isinstance(value, BaseModel):
-            return value.model_dump(mode="json")
+            return clean_json(value.model_dump(mode="json"), notes, "$(model)")
         fallbacks.append(type(value).__qualname__)
-        return str(value)
+        return clean_json(str(value), notes, "$(str)")
 
+    data: bytes | None = None
+    error: Exception | None = None
     try:
         data = orjson.dumps(obj, default=default, option=JSON_OPTIONS)
     except (TypeError, orjson.JSONEncodeError) as exc:
-        data = orjson.dumps(_stand_in(obj, str(exc)))
-        problems.append((AnomalyKind.NOT_SERIALISABLE, f"not JSON ({exc}): stored its repr"))
+        error = exc
+    # What JSON columns cannot hold: NUL (jsonb refuses it), lone surrogates (orjson refuses
+    # them), NaN and infinities (orjson writes null). Rare, so looked for only when a sign of it
+    # shows, then cleaned in one walk and serialised again: one such event must neither block a
+    # whole write nor go unexplained.
+    if data is not None:
+        dirty = data.find(NUL) >= 0 or nulls_hide_non_finite(obj, data)
+    else:
+        dirty = "surrogates" in str(error)
+    if dirty:
+        fallbacks.clear()
+        notes = JsonNotes()
+        cleaned = clean_json(obj, notes)
+        data, error = None, None
+        try:
+            data = orjson.dumps(cleaned, default=default, option=JSON_OPTIONS)
+        except (TypeError, orjson.JSONEncodeError) as exc:
+            error = exc
+    if data is None:
+        data = orjson.dumps(clean_json(_stand_in(obj, str(error)), JsonNotes()))
+        problems.append((AnomalyKind.NOT_SERIALISABLE, f"not JSON ({error}): stored its repr"))
     if fallbacks:
         kinds = ", ".join(sorted(set(fallbacks)))
         problems.append((AnomalyKind.NOT_SERIALISABLE, f"values of type {kinds} stored as strings"))
-    if NUL in data:
-        # PostgreSQL's jsonb cannot hold U+0000, and one such event must not block a whole write.
-        data = orjson.dumps(_without_nul(orjson.loads(data)), option=JSON_OPTIONS)
-        problems.append(
-            (AnomalyKind.NOT_SERIALISABLE, "NUL characters (U+0000) stored as U+FFFD: jsonb cannot hold them")
-        )
+    problems.extend((AnomalyKind.NOT_SERIALISABLE, reason) for reason in notes.reasons())
 
     if len(data) > max_bytes:
         size = len(data)
         # Half the limit: escaping the head as a JSON string can grow it.
         head = data[: max(max_bytes // 2, 1)].decode("utf-8", errors="ignore")
+        kept_type = None if event_type is None else clean_json(event_type, JsonNotes())
         data = orjson.dumps(
-            {"_eventguard": {"truncated": True, "original_bytes": size, "type": event_type}, "head": head}
+            {"_eventguard": {"truncated": True, "original_bytes": size, "type": kept_type}, "head": head}
         )
         problems.append(
             (AnomalyKind.PAYLOAD_TRUNCATED, f"payload of {size} bytes exceeds the {max_bytes} limit")
@@ -105,17 +125,6 @@ def encode(
 
 #: How orjson writes U+0000 inside a JSON string.
 NUL = b"\\u0000"
-
-
-def _without_nul(value: Any) -> Any:
-    """``value`` with every U+0000 in its strings (keys included) replaced by U+FFFD."""
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
-    if isinstance(value, list):
-        return [_without_nul(v) for v in value]
-    if isinstance(value, dict):
-        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
-    return value
 
 
 def encode_value(value: object) -> PreSerialised | None:
