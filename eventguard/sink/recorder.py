@@ -5,6 +5,11 @@ which reads the lifecycle in one synchronous step, so the snapshot it takes is c
 guard runs in the same event loop and cannot interleave). The events themselves are serialised
 later, a chunk at a time (:meth:`encode_some`): forwarded events are never mutated, so a
 reference taken now serialises the same later.
+
+Every string a row carries is made storable here, at the boundary (:mod:`eventguard.sink.storable`):
+ids by one mapping computed once per recorder, free text escaped reversibly, event types escaped
+and bounded, payloads cleaned by :func:`encode`; each change is a ``sink`` anomaly that says what
+was changed and how.
 """
 
 from __future__ import annotations
@@ -15,15 +20,40 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from sqlalchemy import Column, String
 
+from eventguard._db import PreSerialised
 from eventguard.lifecycle import AnomalyKind, Lifecycle
+from eventguard.sink import storable
 from eventguard.sink.batch import Batch
 from eventguard.sink.serialise import JSON_OPTIONS, NUL, encode
-from eventguard.sink.tables import TERMINAL, TYPE_LENGTH
+from eventguard.sink.storable import Fix, nulls_hide_non_finite
+from eventguard.sink.tables import TERMINAL, TYPE_LENGTH, anomalies, responses
 
 if TYPE_CHECKING:
     from eventguard.sink.sink import SqlSink
     from eventguard.sink.writer import Refusal
+
+
+def _length(column: Column[Any]) -> int:
+    assert isinstance(column.type, String) and column.type.length is not None, column
+    return column.type.length
+
+
+#: The row's identifier columns and their lengths: a value that does not fit as it is becomes
+#: ``<escaped prefix>~<hash>`` (storable.identifier). The error code and type are labels a query
+#: groups by, kept apart like ids.
+_IDENTIFIERS = {
+    name: _length(responses.c[name])
+    for name in ("conversation_id", "chain_id", "partition_key", "agent_name", "error_code", "error_type")
+}
+ID_LENGTH = _length(responses.c.response_id)
+OWNER_LENGTH = _length(responses.c.owner)
+ANOMALY_TYPE_LENGTH = _length(anomalies.c.event_type)
+_ESCAPED = AnomalyKind.VALUE_ESCAPED.value
+#: Event types seen to need no change (a set lookup per event instead of a scan), bounded.
+_PLAIN_TYPES: set[str] = set()
+_PLAIN_TYPES_MAX = 4096
 
 
 class SqlRecorder:
@@ -31,9 +61,12 @@ class SqlRecorder:
 
     __slots__ = (
         "_anomalies_taken",
+        "_columns",
         "_done",
         "_keep",
         "_last_status",
+        "_notes",
+        "_owner",
         "_response_id",
         "_sink",
         "_sink_idx",
@@ -70,6 +103,12 @@ class SqlRecorder:
         self.refusal: Refusal | None = None
         #: This stream's identity: another stream with the same response id has another.
         self.stream_id = uuid.uuid4().hex
+        #: Sink anomalies about changed values, waiting for the next batch (the id may be unknown).
+        self._notes: list[tuple[str, str, str | None, int | None, PreSerialised | None]] = []
+        #: Per row column: (the value last seen, what is stored for it), so a value is checked,
+        #: and its change reported, once.
+        self._columns: dict[str, tuple[str, str]] = {}
+        self._owner = self._storable_id("responses.owner", sink.owner, OWNER_LENGTH)
 
     # -- the Recorder protocol ------------------------------------------------------------
     def event(self, index: int, event_type: str | None, event: object) -> None:
@@ -129,8 +168,82 @@ class SqlRecorder:
                 # The stream ended before the host named it: the row is still kept, under an
                 # id nobody else can have.
                 rid = f"eventguard-unidentified-{uuid.uuid4().hex}"
+            if rid is not None:
+                # Once per recorder: the row, its events, transitions and anomalies all carry it.
+                rid = self._storable_id("response_id", rid, ID_LENGTH)
             self._response_id = rid
         return self._response_id
+
+    # -- making values storable ------------------------------------------------------------------
+    def _note(
+        self,
+        kind: str,
+        reason: str,
+        etype: str | None = None,
+        seq: int | None = None,
+        payload: PreSerialised | None = None,
+    ) -> None:
+        self._notes.append((kind, reason, etype, seq, payload))
+
+    def _note_fix(
+        self, field: str, original: str, fix: Fix, etype: str | None = None, seq: int | None = None
+    ) -> None:
+        """A ``value_escaped`` anomaly: which field, what was wrong, what is stored, and (unless the
+        stored value is the whole original, escaped) the original, escaped, in its payload."""
+        payload = None
+        escaped = storable.escape(original) if fix.escaped else original
+        if fix.stored != escaped:
+            cap = max(self._sink.max_payload_bytes, 1024)
+            payload = PreSerialised(
+                orjson.dumps(
+                    {
+                        "field": field,
+                        "stored": fix.stored,
+                        "original_escaped": escaped[:cap],
+                        "original_length": len(original),
+                        "original_escaped_cut": len(escaped) > cap,
+                    }
+                ).decode()
+            )
+        self._note(_ESCAPED, f"{field}: {fix.why}", etype, seq, payload)
+
+    def _storable_id(self, field: str, value: str, limit: int) -> str:
+        fix = storable.identifier(value, limit)
+        if fix is None:
+            return value
+        self._note_fix(field, value, fix)
+        return fix.stored
+
+    def _column(self, name: str, value: str | None) -> str | None:
+        """The stored form of a row column's value, its change reported once."""
+        if value is None:
+            return None
+        seen = self._columns.get(name)
+        if seen is not None and (seen[0] is value or seen[0] == value):
+            return seen[1]
+        limit = _IDENTIFIERS.get(name)
+        fix = storable.free_text(value) if limit is None else storable.identifier(value, limit)
+        stored = value
+        if fix is not None:
+            self._note_fix(f"responses.{name}", value, fix)
+            stored = fix.stored
+        self._columns[name] = (value, stored)
+        return stored
+
+    def _text(self, field: str, value: str) -> str:
+        fix = storable.free_text(value)
+        if fix is None:
+            return value
+        self._note_fix(field, value, fix)
+        return fix.stored
+
+    def _flush_notes(self, batch: Batch, attempt: int) -> None:
+        at = batch.recorded_at or datetime.now(UTC)
+        for kind, reason, etype, seq, payload in self._notes:
+            batch.anomalies.append(
+                self._sink_anomaly(batch.response_id, attempt, kind, reason, at, etype, seq, payload)
+            )
+        self._notes.clear()
 
     def collect(self) -> Batch | None:
         """Everything not yet taken, as one batch; None while the response has no id."""
@@ -143,7 +256,7 @@ class SqlRecorder:
         batch = Batch(
             response_id=rid,
             attempt=lc.attempt,
-            owner=sink.owner,
+            owner=self._owner,
             row={},
             terminal=False,
             recorded_at=now,
@@ -164,20 +277,28 @@ class SqlRecorder:
                     "from_state": t.from_state.value,
                     "to_state": t.to_state.value,
                     "cause": t.cause.value if t.cause else None,
-                    "reason": t.reason,
+                    "reason": self._text(
+                        f"transitions.reason (attempt {t.attempt}, idx {t.index})", t.reason
+                    ),
                     "at": t.at,
                 }
             )
         self._transitions_taken = len(lc.transitions)
 
         for a in lc.anomalies[self._anomalies_taken :]:
-            payload = (
-                None
-                if a.payload is None
-                else encode(
-                    a.payload, a.event_type, max_bytes=sink.max_payload_bytes, redact=sink.redact
-                ).text
-            )
+            where = f"guard anomaly {a.index} (attempt {a.attempt})"
+            payload = None
+            if a.payload is not None:
+                enc = encode(a.payload, a.event_type, max_bytes=sink.max_payload_bytes, redact=sink.redact)
+                payload = enc.text
+                for kind, reason in enc.problems:
+                    self._note(kind.value, f"{where}'s payload: {reason}", None, a.event_index)
+            etype = a.event_type
+            if etype is not None:
+                fix = storable.bounded(etype, ANOMALY_TYPE_LENGTH)
+                if fix is not None:
+                    self._note_fix(f"anomalies.event_type of {where}", etype, fix, None, a.event_index)
+                    etype = fix.stored
             batch.anomalies.append(
                 {
                     "response_id": rid,
@@ -185,9 +306,9 @@ class SqlRecorder:
                     "source": "guard",
                     "idx": a.index,
                     "kind": a.kind.value,
-                    "reason": a.reason,
+                    "reason": self._text(f"anomalies.reason of {where}", a.reason),
                     "at": a.at,
-                    "event_type": a.event_type,
+                    "event_type": etype,
                     "event_index": a.event_index,
                     "payload": payload,
                 }
@@ -195,6 +316,7 @@ class SqlRecorder:
         self._anomalies_taken = len(lc.anomalies)
 
         batch.row = self._row(now)
+        self._flush_notes(batch, lc.attempt)
         batch.terminal = batch.row["status"] in TERMINAL
         if batch.row["status"] != self._last_status:
             batch.refusal_idx = self._next_sink_idx()
@@ -220,29 +342,25 @@ class SqlRecorder:
         append = batch.events.append
         at = batch.recorded_at or datetime.now(UTC)
         dumps = orjson.dumps
+        plain = _PLAIN_TYPES
         for i in range(start, stop):
             attempt, seq, etype, ev = raw[i]
-            if etype is not None and len(etype) > TYPE_LENGTH:
-                # The type column is bounded; the payload keeps the whole type, the column a prefix.
-                batch.anomalies.append(
-                    self._sink_anomaly(
-                        batch.response_id,
-                        attempt,
-                        AnomalyKind.PAYLOAD_TRUNCATED.value,
-                        f"event type of {len(etype)} characters stored as its first {TYPE_LENGTH}",
-                        at,
-                        None,
-                        seq,
-                    )
-                )
-                etype = etype[:TYPE_LENGTH]
+            if etype is not None and etype not in plain:
+                etype = self._event_type(batch, attempt, seq, etype, at)
             if redact is None and type(ev) is dict:
                 try:
                     data = dumps(ev, option=JSON_OPTIONS)
                 except TypeError:  # orjson.JSONEncodeError included: the full path says why
                     pass
                 else:
-                    if len(data) <= max_bytes and NUL not in data:
+                    # orjson writes NaN and infinities as null: only then is it looked into.
+                    # (find, not `in`: bytes.__contains__ first tries the needle as an int, and
+                    # raises and clears a TypeError each time.)
+                    if (
+                        len(data) <= max_bytes
+                        and data.find(NUL) < 0
+                        and (data.find(b"null") < 0 or not nulls_hide_non_finite(ev, data))
+                    ):
                         append((attempt, seq, etype, data.decode()))
                         continue
             enc = encode(ev, etype, max_bytes=max_bytes, redact=redact)
@@ -258,6 +376,30 @@ class SqlRecorder:
             batch.raw_done = stop
         return stop - start
 
+    def _event_type(self, batch: Batch, attempt: int, seq: int, etype: str, at: datetime) -> str:
+        """The type column's value: bounded and storable; the payload keeps the whole type."""
+        fix = storable.bounded(etype, TYPE_LENGTH)
+        if fix is None:
+            if len(_PLAIN_TYPES) < _PLAIN_TYPES_MAX:
+                _PLAIN_TYPES.add(etype)
+            return etype
+        if fix.escaped:
+            self._note_fix("events.type", etype, fix, fix.stored, seq)
+            self._flush_notes(batch, attempt)
+        else:
+            batch.anomalies.append(
+                self._sink_anomaly(
+                    batch.response_id,
+                    attempt,
+                    AnomalyKind.PAYLOAD_TRUNCATED.value,
+                    f"event type of {len(etype)} characters stored as its first {TYPE_LENGTH}",
+                    at,
+                    None,
+                    seq,
+                )
+            )
+        return fix.stored
+
     def _next_sink_idx(self) -> int:
         self._sink_idx += 1
         return self._sink_idx - 1
@@ -271,6 +413,7 @@ class SqlRecorder:
         at: datetime,
         etype: str | None,
         seq: int | None,
+        payload: PreSerialised | None = None,
     ) -> dict[str, Any]:
         return {
             "response_id": rid,
@@ -282,7 +425,7 @@ class SqlRecorder:
             "at": at,
             "event_type": etype,
             "event_index": seq,
-            "payload": None,
+            "payload": payload,
         }
 
     def _row(self, now: datetime) -> dict[str, Any]:
@@ -306,13 +449,13 @@ class SqlRecorder:
             "input_tokens": usage.input_tokens if usage else None,
             "output_tokens": usage.output_tokens if usage else None,
             "total_tokens": usage.total_tokens if usage else None,
-            "error_code": error.code if error else None,
-            "error_message": error.message if error else None,
-            "error_type": error.exception_type if error else None,
-            "conversation_id": info.conversation_id,
-            "chain_id": info.chain_id,
-            "partition_key": info.partition_key,
-            "agent_name": info.agent_name,
+            "error_code": self._column("error_code", error.code) if error else None,
+            "error_message": self._column("error_message", error.message) if error else None,
+            "error_type": self._column("error_type", error.exception_type) if error else None,
+            "conversation_id": self._column("conversation_id", info.conversation_id),
+            "chain_id": self._column("chain_id", info.chain_id),
+            "partition_key": self._column("partition_key", info.partition_key),
+            "agent_name": self._column("agent_name", info.agent_name),
             "background": info.background,
             "stream": info.stream,
             "store": info.store,
@@ -321,6 +464,6 @@ class SqlRecorder:
             "steering_cut_short": lc.steering_cut_short,
             "unverified": lc.unverified,
             "event_count": lc.events_forwarded,
-            "owner": self._sink.owner,
+            "owner": self._owner,
             "updated_at": now,
         }
