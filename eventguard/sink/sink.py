@@ -535,7 +535,7 @@ class SqlSink:
             )
             rec.pending = []
             rec.dirty = False
-            self._quarantine_file([record], exc)
+            self._quarantine_file([record], "the stream's work could not be collected")
             if rec.closing:
                 self._finish(rec)  # its close() must not wait for what cannot be collected
             return None
@@ -807,28 +807,42 @@ class SqlSink:
             except Exception as exc:
                 error = exc
         assert error is not None
-        self._quarantine_file(records, error)
+        why = f"the quarantine table could not be written ({quarantine.text(reason(error))})"
+        self._quarantine_file(records, why)
         return len(records)
 
-    def _quarantine_file(self, records: list[QuarantineRecord], why: BaseException) -> None:
+    def _quarantine_file(self, records: list[QuarantineRecord], why: str) -> None:
+        """Append ``records`` to the quarantine file; ``why`` they are not in the table."""
         path = self.quarantine_path
         try:
             self.stats.quarantine_file += quarantine.append_file(path, records)
-        except Exception:
+        except Exception as exc:
             self.stats.lost += len(records)
-            log.exception(
-                "eventguard sink: %d quarantine records could be written neither to the database nor "
-                "to %s; they are lost",
+            self._say(
+                "lost",
+                "eventguard sink: %d quarantine records could be written neither to the database nor to "
+                "%s (%s); they are lost (stats.lost counts them)",
                 len(records),
                 path,
+                quarantine.text(reason(exc)),
             )
             return
-        log.error(
-            "eventguard sink: the quarantine table could not be written (%s); %d records kept in %s",
-            quarantine.text(reason(why)),
+        self._say(
+            "quarantine file",
+            "eventguard sink: %s; %d records kept in %s (stats.quarantine_file counts them)",
+            why,
             len(records),
             path,
         )
+
+    def _say(self, key: str, msg: str, *args: object) -> None:
+        """Log ``msg`` as an error the first time for ``key``, then only for debugging: the
+        counts are in ``stats``."""
+        if key in self._logged:
+            log.debug(msg, *args)
+        else:
+            self._logged.add(key)
+            log.error(msg, *args)
 
     # -- outages, the spool ---------------------------------------------------------------------------
     def _report(self, refusals: list[Refusal]) -> None:
@@ -887,19 +901,22 @@ class SqlSink:
                 failed.append((batch, err))
         if not failed:
             return
-        log.error(
+        self._say(
+            "unspoolable",
             "eventguard sink: %d of %d batches could not be spooled (%s); they go to the quarantine file",
             len(failed),
             len(batches),
             quarantine.text(reason(first)),
         )
         why = self._outage or "the database did not take it"
-        records = [
-            quarantine.of_batch(b, "write", f"could not be spooled ({reason(err)}); {why}")
-            for b, err in failed
-        ]
+        records = []
+        for batch, problem in failed:
+            with contextlib.suppress(Exception):
+                batch.serialise()  # its events as they would be stored; else their repr
+            text = f"could not be spooled ({reason(problem)}); {why}"
+            records.append(quarantine.of_batch(batch, "write", text))
         self.stats.quarantined += len(records)
-        self._quarantine_file(records, failed[0][1])
+        self._quarantine_file(records, "the spool could not take them")
 
     def _recovered(self) -> None:
         self._backoff = 0.5
