@@ -260,7 +260,8 @@ class SqlSink:
             pooler_safe=self._pooler_safe,
             connect_timeout=self._connect_timeout,
             statement_timeout=self._statement_timeout,
-            application_name=f"eventguard {self.owner}",
+            # The server takes any text there but a NUL (nor can asyncpg send a lone surrogate).
+            application_name=quarantine.text(f"eventguard {self.owner}"),
         )
 
     @property
