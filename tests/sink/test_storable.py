@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
@@ -68,7 +68,14 @@ def test_ordinary_values_are_left_alone(value: str) -> None:
     assert bounded(value, 255) is None
 
 
+#: Texts that spell an escape out: only doubling backslashes keeps them apart from the escape.
+SPELT_OUT = ["\\x00", "\\udcff", "C:\\x00\x00", "\\\x00", "a\\"]
+
+
 @given(any_text)
+@example("\\x00")
+@example("\\udcff\udcff")
+@example("C:\\x00\x00")
 def test_escape_is_reversible_and_storable(value: str) -> None:
     assert unescape(escape(value)) == value
     assert is_storable(escape(value))
@@ -76,6 +83,8 @@ def test_escape_is_reversible_and_storable(value: str) -> None:
 
 
 @given(any_text)
+@example("C:\\x00\x00")
+@example("\\udcff\udcff")
 def test_free_text(value: str) -> None:
     fix = free_text(value)
     if is_storable(value):
@@ -106,6 +115,13 @@ def test_identifier_fits_and_is_storable(value: str, limit: int) -> None:
 def test_distinct_identifiers_stay_distinct(values: list[str]) -> None:
     stored = [v if (f := identifier(v, 40)) is None else f.stored for v in values]
     assert len(set(stored)) == len(values)
+
+
+@pytest.mark.parametrize("value", SPELT_OUT)
+def test_spelt_out_escapes_round_trip(value: str) -> None:
+    assert unescape(escape(value)) == value
+    fix = free_text(value)
+    assert fix is None or unescape(fix.stored) == value
 
 
 def test_lookalike_ids() -> None:
