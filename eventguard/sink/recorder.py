@@ -66,6 +66,7 @@ class SqlRecorder:
         "_keep",
         "_last_status",
         "_notes",
+        "_numbers",
         "_owner",
         "_response_id",
         "_sink",
@@ -108,6 +109,8 @@ class SqlRecorder:
         #: Per row column: (the value last seen, what is stored for it), so a value is checked,
         #: and its change reported, once.
         self._columns: dict[str, tuple[str, str]] = {}
+        #: Per integer column, the out-of-range value last reported.
+        self._numbers: dict[str, int] = {}
         self._owner = self._storable_id("responses.owner", sink.owner, OWNER_LENGTH)
 
     # -- the Recorder protocol ------------------------------------------------------------
@@ -229,6 +232,18 @@ class SqlRecorder:
             stored = fix.stored
         self._columns[name] = (value, stored)
         return stored
+
+    def _int64(self, name: str, value: int | None) -> int | None:
+        """An integer column (64 bits on PostgreSQL and SQLite): a value beyond it is stored NULL."""
+        if value is None or -(1 << 63) <= value < (1 << 63):
+            return value
+        if self._numbers.get(name) != value:
+            self._numbers[name] = value
+            self._note(
+                _ESCAPED,
+                f"responses.{name}: {value} is beyond the column's 64-bit range: stored NULL",
+            )
+        return None
 
     def _text(self, field: str, value: str) -> str:
         fix = storable.free_text(value)
@@ -446,9 +461,9 @@ class SqlRecorder:
             "started_at": lc.started_at,
             "finished_at": finished,
             "duration_ms": lc.duration_ms,
-            "input_tokens": usage.input_tokens if usage else None,
-            "output_tokens": usage.output_tokens if usage else None,
-            "total_tokens": usage.total_tokens if usage else None,
+            "input_tokens": self._int64("input_tokens", usage.input_tokens) if usage else None,
+            "output_tokens": self._int64("output_tokens", usage.output_tokens) if usage else None,
+            "total_tokens": self._int64("total_tokens", usage.total_tokens) if usage else None,
             "error_code": self._column("error_code", error.code) if error else None,
             "error_message": self._column("error_message", error.message) if error else None,
             "error_type": self._column("error_type", error.exception_type) if error else None,

@@ -399,6 +399,34 @@ async def test_non_finite_numbers_in_a_payload(target: Target, store: ResponseSt
     assert sink.stats.batches_spooled == 0
 
 
+async def test_usage_beyond_64_bits(target: Target, store: ResponseStore) -> None:
+    """Not a string, but a row value all the same: a token count no BIGINT holds."""
+    rid = "resp_tokens"
+    usage = {"input_tokens": 2**80, "output_tokens": -(2**63) - 1, "total_tokens": 2**63 - 1}
+    events = [
+        {"type": "response.created", "response": snapshot(rid, "in_progress")},
+        {"type": "response.completed", "response": snapshot(rid, "completed", usage=usage)},
+    ]
+    async with asyncio.timeout(STEP):
+        sink = make_sink(target)
+        await sink.migrate()
+        sent = await drive(sink, _iter(events))
+        await drive(sink, healthy("resp_after_tokens"))
+        await sink.aclose()
+        hist = await store.history(rid)
+        good = await store.get("resp_after_tokens")
+    assert hist is not None and good is not None and good.status == "completed"
+    assert hist.response.status == sent.status == "completed"
+    assert len(hist.attempts[0].events) == 2
+    row = hist.response
+    assert (row.input_tokens, row.output_tokens, row.total_tokens) == (None, None, 2**63 - 1)
+    reasons = [a.reason for a in sink_anomalies(hist) if a.kind == "value_escaped"]
+    assert reasons == [
+        f"responses.input_tokens: {2**80} is beyond the column's 64-bit range: stored NULL",
+        f"responses.output_tokens: {-(2**63) - 1} is beyond the column's 64-bit range: stored NULL",
+    ]
+
+
 async def _iter(events: list[Any]) -> AsyncIterator[Any]:
     for ev in events:
         await asyncio.sleep(0)
