@@ -326,11 +326,15 @@ class Guard:
                 # waiting on the inner stream (a later step may run in another task: see _waiting_task).
                 self._task = asyncio.current_task()
                 # It holds the guard only by a weak reference: a guard dropped without being closed is
-                # collected and finalised like an async generator, and that cancels the watchdog.
+                # collected and finalised like an async generator, and that cancels the watchdog. The
+                # watchdog itself is kept alive (_BACKGROUND) until it ends, so that it is never
+                # collected pending along with a dropped guard and the signal it waits on.
                 shutdown = getattr(self._context, "shutdown", None) if self._context is not None else None
-                self._watchdog = loop.create_task(
+                self._watchdog = watchdog = loop.create_task(
                     Guard._watch(weakref.ref(self), self._signal, shutdown, grace)
                 )
+                _BACKGROUND.add(watchdog)
+                watchdog.add_done_callback(_BACKGROUND.discard)
         rec = self._rec
         # Plain str types already seen to need nothing but forwarding; emptied (see _go_slow) once
         # every event must take the slow path: after the terminal, or when the guard is ending.
