@@ -343,17 +343,8 @@ async def test_hostile_strings_in_every_column(target: Target, store: ResponseSt
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_hostile_owner(
-    target: Target, store: ResponseStore, kind: str, request: pytest.FixtureRequest
-) -> None:
+async def test_hostile_owner(target: Target, store: ResponseStore, kind: str) -> None:
     """The sink's ``owner=`` is in every row it writes: one sink per value."""
-    if target.kind == "postgres" and kind in ("nul", "surrogate"):
-        # Not the columns: sink.py passes the owner, as it is, into the connection's
-        # application_name, and PostgreSQL's startup packet cannot carry a NUL (asyncpg cannot
-        # encode a lone surrogate): the sink never connects. Strict, so it says when fixed.
-        request.applymarker(
-            pytest.mark.xfail(strict=True, reason="sink.py: owner in application_name unescaped")
-        )
     case = Case(0, "owner", kind, hostile("owner", kind))
     async with asyncio.timeout(STEP):
         sink = make_sink(target, owner=case.value)
