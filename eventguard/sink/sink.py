@@ -565,7 +565,12 @@ class SqlSink:
         finally:
             for rec in recorders:
                 rec.inflight.clear()
-                if rec.closing and not rec.has_work():
+                try:
+                    done = rec.closing and not rec.has_work()
+                except Exception as exc:  # a recorder's bug: its close() must not wait for ever
+                    self._unexpected(exc, "a stream's state")
+                    done = True
+                if done:
                     self._finish(rec)
 
     async def _persist(self, batches: list[Batch]) -> None:

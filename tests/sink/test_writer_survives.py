@@ -173,6 +173,39 @@ async def test_a_stream_whose_work_cannot_be_collected_does_not_hang_or_stop_the
     assert sink.stats.unexpected_errors >= 1
 
 
+async def test_an_unexpected_error_in_a_write_cycle_is_logged_once_and_the_writer_goes_on(
+    target: Target, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The last line of defence: whatever escapes a cycle (a bug) must not end the writer task.
+    caplog.set_level(logging.DEBUG, logger="eventguard.sink")
+    cycle = SqlSink._cycle
+    failures = 3
+
+    async def flaky(self: SqlSink, recorders: Any) -> None:
+        nonlocal failures
+        if failures:
+            failures -= 1
+            for rec in recorders:
+                self._enqueue(rec)  # nothing was taken: the next cycle has it all
+            raise RuntimeError("a bug in a write cycle")
+        await cycle(self, recorders)
+
+    monkeypatch.setattr(SqlSink, "_cycle", flaky)
+    evs = script("resp_cycle", n_deltas=5)
+    async with asyncio.timeout(60):
+        sink = make_sink(target, flush_interval=0.01)
+        await sink.start()
+        await run_guarded(sink, evs)
+        alive = sink.writing()
+        got = await stored(sink, "resp_cycle")
+        await sink.aclose()  # does not raise
+    assert alive
+    assert got == ("completed", list(range(len(evs))))
+    assert sink.stats.unexpected_errors == 3
+    assert len(tracebacks(caplog)) == 1
+    assert sink.stats.batches_spooled == 0
+
+
 async def test_aclose_never_raises_when_the_database_the_spool_and_the_quarantine_file_are_gone(
     target: Target, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
