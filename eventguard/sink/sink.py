@@ -935,13 +935,14 @@ class SqlSink:
             self._outage = None
             self._replay_soon()
 
-    async def _ensure_ready(self) -> None:
+    async def _ensure_ready(self, *, replay: bool = True) -> None:
         if not self._ready:
-            await self._prepare()
+            await self._prepare(replay=replay)
 
-    async def _prepare(self) -> None:
-        """Check the schema, creating it first in an empty database when allowed; then replay a
-        spool left from before, in the background."""
+    async def _prepare(self, *, replay: bool = True) -> None:
+        """Check the schema, creating it first in an empty database when allowed; then (unless
+        ``replay`` is False: a replay is what asks) replay a spool left from before, in the
+        background."""
         try:
             await _migrate.check(self.engine)
         except SchemaMismatchError as exc:
@@ -956,7 +957,8 @@ class SqlSink:
             else:
                 raise
         self._ready = True
-        self._replay_soon()
+        if replay:
+            self._replay_soon()
 
     async def _has_tables(self) -> bool:
         async with self.engine.connect() as conn:
@@ -1026,7 +1028,7 @@ class SqlSink:
         files = 0
         async with st.replay_lock:
             async with st.lock:
-                await self._ensure_ready()
+                await self._ensure_ready(replay=False)
             taken = self.spool.take()
             try:
                 for file in taken:
