@@ -262,7 +262,7 @@ async def _pg_error(sql: str, *args: Any) -> BaseException:
         ("INSERT INTO t VALUES ($1, 1)", ("nul \x00",), ErrorKind.DATA),  # 22021
         ("INSERT INTO t VALUES ('x', 2)", (), ErrorKind.DATA),  # 23505 unique
         ("INSERT INTO t VALUES ('y', -1)", (), ErrorKind.DATA),  # 23514 check
-        ("SELECT '{\"a\": \"\\u0000\"}'::jsonb", (), ErrorKind.DATA),  # 22P05
+        ('SELECT \'{"a": "\\u0000"}\'::jsonb', (), ErrorKind.DATA),  # 22P05
         ("SELECT 1/0", (), ErrorKind.DATA),  # 22012
         ("INSERT INTO no_such_table VALUES (1)", (), ErrorKind.SCHEMA),  # 42P01
         ("SELECT no_such_column FROM t", (), ErrorKind.SCHEMA),  # 42703
