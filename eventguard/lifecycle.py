@@ -164,7 +164,9 @@ class Lifecycle(BaseModel):
     error: ErrorInfo | None = None
     #: A steered turn keeps its normal terminal, but its output was cut short by the new input.
     steering_cut_short: bool = False
-    #: A completion kept on request although the shutdown flag was set when it was produced.
+    #: A completion (or incomplete) recorded as forwarded but not verified: kept on request although
+    #: the shutdown flag was set when it was produced, or a terminal that could not be read, or one
+    #: whose start the stream never reported.
     unverified: bool = False
     events_forwarded: int = 0
     transitions: list[Transition] = Field(default_factory=list)
