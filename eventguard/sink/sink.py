@@ -212,6 +212,8 @@ class SqlSink:
         # Every database round trip is bounded: the database's own timeouts come first, this
         # is the backstop for a peer that went silent.
         self._write_timeout = connect_timeout + busy_timeout + 2 * (statement_timeout or 60.0) + 5.0
+        #: Checking (or creating) the schema takes a few round trips more than a write.
+        self._prepare_timeout = 3 * self._write_timeout
         #: One writer state per event loop that used the sink (usually one); ``_live`` is the
         #: current loop's, and ``_wake`` its event (the hot path sets it without a lookup).
         self._states: list[_LoopState] = []
@@ -278,7 +280,7 @@ class SqlSink:
         replayed in the background, beside the new writes.
         """
         st = self._here()
-        async with st.lock:
+        async with st.lock, asyncio.timeout(self._prepare_timeout):
             await self._prepare()
         self._ensure_writer()
 
@@ -314,14 +316,10 @@ class SqlSink:
         st.wake.set()
         task, st.task = st.task, None
         if task is not None:
-            try:
-                await task
-            except Exception as exc:  # pragma: no cover - the writer catches its own
-                self._unexpected(exc, "stopping the writer")
+            await self._stop(task, cancel=False)
         replay, st.replay = st.replay, None
-        if replay is not None and not replay.done():
-            replay.cancel()  # its file is released, for the next start
-            await asyncio.wait([replay])
+        if replay is not None:
+            await self._stop(replay, cancel=True)  # its file is released, for the next start
         try:
             await self.flush()
         except Exception as exc:  # pragma: no cover - flush keeps everything itself
@@ -343,6 +341,22 @@ class SqlSink:
         if self._unbound is not None:
             await self._unbound.dispose(close=False)
             self._unbound = None
+
+    async def _stop(self, task: asyncio.Task[Any], *, cancel: bool) -> None:
+        """Let ``task`` end (or cancel it), within bounds; its own errors are not ours to raise
+        (the writer reports its own). Our caller's cancellation propagates."""
+        if task.done():
+            return
+        if cancel:
+            task.cancel()
+        else:
+            # The writer finishes the cycle it is in: every database call in it is bounded.
+            await asyncio.wait([task], timeout=self._write_timeout + self.close_timeout)
+            if task.done():
+                return
+            log.error("eventguard sink: the writer did not stop in time; cancelled (its work is spooled)")
+            task.cancel()
+        await asyncio.wait([task], timeout=_TEARDOWN_TIMEOUT + self._write_timeout)
 
     # -- the Sink protocol --------------------------------------------------------------------
     def recorder(self, lifecycle: Lifecycle) -> SqlRecorder:
@@ -937,7 +951,8 @@ class SqlSink:
 
     async def _ensure_ready(self, *, replay: bool = True) -> None:
         if not self._ready:
-            await self._prepare(replay=replay)
+            async with asyncio.timeout(self._prepare_timeout):
+                await self._prepare(replay=replay)
 
     async def _prepare(self, *, replay: bool = True) -> None:
         """Check the schema, creating it first in an empty database when allowed; then (unless
