@@ -206,6 +206,26 @@ async def test_an_unexpected_error_in_a_write_cycle_is_logged_once_and_the_write
     assert sink.stats.batches_spooled == 0
 
 
+async def test_a_cancelled_writer_is_replaced_and_aclose_does_not_raise(target: Target) -> None:
+    async def cancel_the_writer() -> None:  # someone cancels every task but their own, say
+        (writer,) = [t for t in asyncio.all_tasks() if t.get_name().startswith("eventguard-writer")]
+        writer.cancel()
+        await asyncio.wait([writer])
+
+    async with asyncio.timeout(60):
+        sink = make_sink(target)
+        await sink.start()
+        await run_guarded(sink, script("resp_before", n_deltas=2))
+        await cancel_the_writer()
+        await run_guarded(sink, script("resp_after", n_deltas=2))  # a new writer takes over
+        after = await stored(sink, "resp_after")
+        await cancel_the_writer()
+        await sink.aclose()  # the cancelled task's CancelledError is not aclose()'s
+        await sink.aclose()  # twice: a no-op
+    assert after == ("completed", list(range(6)))
+    assert sink.stats.batches_spooled == 0
+
+
 async def test_aclose_never_raises_when_the_database_the_spool_and_the_quarantine_file_are_gone(
     target: Target, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
