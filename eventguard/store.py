@@ -27,12 +27,15 @@ from eventguard._records import (
     Stats,
     TransitionRecord,
 )
+from eventguard.sink import storable
 from eventguard.sink.errors import InvalidQueryError
-from eventguard.sink.tables import ENDED, STATES, anomalies, events, responses, transitions
+from eventguard.sink.tables import ENDED, ID, STATES, anomalies, events, responses, transitions
 
 __all__ = ["ResponseStore"]
 
 MAX_LIMIT = 10_000
+#: The response id column's length: a longer id is stored as a prefix and a hash.
+ID_LENGTH = ID.length or 255
 RECOVER_OWNER = "eventguard-recover"
 
 
@@ -69,6 +72,8 @@ class ResponseStore:
 
     # -- reads -----------------------------------------------------------------------------------
     async def get(self, response_id: str) -> ResponseRecord | None:
+        """The response's row, by its id as the host gave it or as stored (see :func:`stored_id`)."""
+        response_id = stored_id(response_id)
         async with self._reader.begin() as conn:
             row = (
                 await conn.execute(select(responses).where(responses.c.response_id == response_id))
@@ -112,7 +117,7 @@ class ResponseStore:
         a = anomalies.c
         query = select(anomalies)
         if response_id is not None:
-            query = query.where(a.response_id == response_id)
+            query = query.where(a.response_id == stored_id(response_id))
         if kind is not None:
             query = query.where(a.kind.in_([kind] if isinstance(kind, str) else list(kind)))
         query = _time_window(query, a.at, since, until)
@@ -120,6 +125,7 @@ class ResponseStore:
 
     async def history(self, response_id: str) -> History | None:
         """The response and, per attempt in order, its events, transitions and anomalies."""
+        response_id = stored_id(response_id)
         async with self._reader.begin() as conn:
             row = (
                 await conn.execute(select(responses).where(responses.c.response_id == response_id))
@@ -277,6 +283,17 @@ class ResponseStore:
             rows = (await conn.execute(query.order_by(key).limit(size + 1))).all()
         items = [model.model_validate(row) for row in rows[:size]]
         return Page(items=items, next_after=items[-1].pk if len(rows) > size else None)
+
+
+def stored_id(response_id: str) -> str:
+    """The id under which the sink stores ``response_id``.
+
+    An id that no column can hold as it is (a NUL, a lone surrogate, longer than 255 characters) is
+    stored as ``<escaped prefix>~<hash>`` (see :mod:`eventguard.sink.storable`); every other id,
+    the stored form of one included, is its own key.
+    """
+    fix = storable.identifier(response_id, ID_LENGTH)
+    return response_id if fix is None else fix.stored
 
 
 async def _rows(

@@ -1,0 +1,39 @@
+"""The store finds a response by the id the host gave it, even when the sink had to store another."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from eventguard.sink import SqlSink
+from eventguard.store import ResponseStore, stored_id
+
+from .conftest import Target
+from .helpers import run_guarded, script
+
+HOSTILE_IDS = ["resp\x00nul", "resp\udcffsurrogate", "resp_" + "x" * 300]
+
+
+@pytest.mark.parametrize("rid", HOSTILE_IDS, ids=["nul", "lone-surrogate", "too-long"])
+async def test_a_response_stored_under_an_escaped_id_is_found_by_its_original_id(
+    target: Target, rid: str
+) -> None:
+    async with asyncio.timeout(60):
+        async with SqlSink(target.url, schema=target.schema, spool_path=target.spool) as sink:
+            await run_guarded(sink, script(rid))
+        async with ResponseStore(target.url, schema=target.schema) as store:
+            row = await store.get(rid)
+            history = await store.history(rid)
+            by_stored = await store.get(stored_id(rid))
+            page = await store.anomalies(response_id=rid)
+    assert stored_id(rid) != rid
+    assert row is not None and row.status == "completed"
+    assert by_stored is not None and by_stored.response_id == row.response_id
+    assert history is not None and sum(len(a.events) for a in history.attempts) == len(script(rid))
+    assert any(a.kind == "value_escaped" for a in page.items)
+
+
+def test_an_ordinary_id_is_its_own_key() -> None:
+    for rid in ("resp_abc", "resp_with\\backslash", "ид-ответа", "x" * 255):
+        assert stored_id(rid) == rid
