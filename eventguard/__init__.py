@@ -7,6 +7,7 @@ from eventguard.decision import Decision, Ending, Flags, Forward, decide
 from eventguard.errors import (
     EventGuardError,
     GuardAlreadyUsed,
+    GuardOutsideLoop,
     IllegalTransition,
     InvalidEvent,
     NotAsyncIterable,
@@ -53,6 +54,7 @@ __all__ = [
     "Forward",
     "Guard",
     "GuardAlreadyUsed",
+    "GuardOutsideLoop",
     "IllegalTransition",
     "InvalidEvent",
     "InvalidQueryError",
