@@ -80,6 +80,8 @@ _ENCODE_CHUNK = 8
 REPLAY_CHUNK = 200
 #: How long the writer's last act on a loop that is ending (closing its connections) may take.
 _TEARDOWN_TIMEOUT = 2.0
+#: The writer's pause after an error it did not expect, before its next cycle.
+_ERROR_PAUSE = 0.05
 
 
 @dataclass(slots=True)
@@ -467,6 +469,8 @@ class SqlSink:
             st.stopping = False
             st.task = st.loop.create_task(self._run(st), name=f"eventguard-writer {self!r}")
             st.task.add_done_callback(self._writer_done)
+            if self._ready:
+                self._replay_soon()  # what an earlier writer of this sink left in the spool
         return st
 
     def _writer_done(self, task: asyncio.Task[None]) -> None:
@@ -492,7 +496,7 @@ class SqlSink:
                         await self._cycle(recorders)
                 except Exception as exc:  # the writer never dies: say it once, carry on
                     self._unexpected(exc, "a write cycle")
-                    await asyncio.sleep(self.flush_interval)
+                    await asyncio.sleep(_ERROR_PAUSE)  # a bug that repeats must not spin
                 if st.stopping:
                     return  # aclose() does the last flush itself
         except asyncio.CancelledError:
@@ -576,6 +580,9 @@ class SqlSink:
             # Cancelled mid-write (the loop is ending): what is not known to be written is kept.
             self._to_spool(batches, None)
             raise
+        except Exception as exc:  # a bug: _persist keeps everything itself, or should
+            self._unexpected(exc, "a write")
+            self._to_spool(batches, None)
         finally:
             for rec in recorders:
                 rec.inflight.clear()
@@ -593,9 +600,7 @@ class SqlSink:
             if time.monotonic() < self._retry_at:
                 self._to_spool(batches, None)
                 return
-            batches = await self._serialise(batches)
-            if not batches:
-                return
+            await self._serialise(batches)
             try:
                 await self._ensure_ready()
             except Exception as exc:
@@ -611,7 +616,7 @@ class SqlSink:
                 self._report(tally.refusals)
             self._recovered()
 
-    async def _serialise(self, batches: Sequence[Batch]) -> list[Batch]:
+    async def _serialise(self, batches: Sequence[Batch]) -> None:
         """Serialise the batches' events a little at a time, yielding the loop in between.
 
         Each step takes at most ``max(_STEP_FLOOR, _STEP_SHARE x the time the other tasks
@@ -642,7 +647,6 @@ class SqlSink:
                     budget = max(_STEP_FLOOR, (started - now) * _STEP_SHARE)
         if refused:
             await self._quarantine(refused)
-        return list(batches)
 
     def _skip_event(self, batch: Batch, index: int, exc: Exception) -> QuarantineRecord:
         """Take the event that could not be serialised out of ``batch``, as a quarantine record."""
