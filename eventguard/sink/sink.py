@@ -195,6 +195,8 @@ class SqlSink:
         if on_full != "spool":
             raise ValueError("on_full must be 'spool'")
         self.url = _db.resolve_url(url)
+        #: The URL's password in every form it may take: scrubbed from every error text we show.
+        self._secrets = _db.url_secrets(self.url)
         self.schema = schema
         self.filter = EventFilter(events, predicate)
         self.redact = redact
@@ -339,7 +341,7 @@ class SqlSink:
                     # Another loop's connections cannot be closed from here: forget them.
                     await engine.dispose(close=False)
             except Exception as exc:
-                log.warning("eventguard sink: closing connections: %s", quarantine.text(reason(exc)))
+                log.warning("eventguard sink: closing connections: %s", self._why(exc))
         if self._unbound is not None:
             await self._unbound.dispose(close=False)
             self._unbound = None
@@ -831,7 +833,7 @@ class SqlSink:
             except Exception as exc:
                 error = exc
         assert error is not None
-        why = f"the quarantine table could not be written ({quarantine.text(reason(error))})"
+        why = f"the quarantine table could not be written ({self._why(error)})"
         self._quarantine_file(records, why)
         return len(records)
 
@@ -848,7 +850,7 @@ class SqlSink:
                 "%s (%s); they are lost (stats.lost counts them)",
                 len(records),
                 path,
-                quarantine.text(reason(exc)),
+                self._why(exc),
             )
             return
         self._say(
@@ -872,7 +874,12 @@ class SqlSink:
     def _report(self, refusals: list[Refusal]) -> None:
         for refusal in refusals:
             self.stats.refusals.append(refusal)
-            log.warning("eventguard sink: response %s: %s", refusal.response_id, refusal.reason)
+            log.warning("eventguard sink: response %r: %s", refusal.response_id, refusal.reason)
+
+    def _why(self, exc: BaseException) -> str:
+        """The driver's one-line reason, storable and without the URL's secrets (a driver may echo
+        its DSN in an error)."""
+        return _db.scrub(quarantine.text(reason(exc)), self._secrets)
 
     def _unexpected(self, exc: BaseException, where: str) -> None:
         """An error the writer did not expect: counted, logged with its traceback once per kind."""
@@ -886,7 +893,7 @@ class SqlSink:
             "eventguard sink: unexpected error in %s (%s); the writer carries on, nothing is dropped "
             "(later ones of this kind are only counted in stats.unexpected_errors)",
             where,
-            quarantine.text(reason(exc)),
+            self._why(exc),
             exc_info=exc,
         )
 
@@ -896,7 +903,7 @@ class SqlSink:
         Never raises: a batch the spool cannot take goes to the quarantine file, with the reason.
         """
         if exc is not None:
-            text = quarantine.text(reason(exc))
+            text = self._why(exc)
             self.stats.last_error = text
             self._ready = False  # look at the schema again before the next write
             self._retry_at = time.monotonic() + self._backoff
@@ -930,7 +937,7 @@ class SqlSink:
             "eventguard sink: %d of %d batches could not be spooled (%s); they go to the quarantine file",
             len(failed),
             len(batches),
-            quarantine.text(reason(first)),
+            self._why(first),
         )
         why = self._outage or "the database did not take it"
         records = []
@@ -1003,7 +1010,7 @@ class SqlSink:
             log.warning(
                 "eventguard sink: replaying %s stopped (%s); it goes on when the database is back",
                 self.spool.path,
-                quarantine.text(reason(exc)),
+                self._why(exc),
             )
             return None
         if result.batches or result.bad_lines:
