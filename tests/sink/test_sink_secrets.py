@@ -31,7 +31,9 @@ async def test_an_outage_is_logged_and_counted_without_the_password(
 
 def test_a_driver_error_that_echoes_its_dsn_is_shown_without_the_password(tmp_path: Path) -> None:
     sink = SqlSink(f"postgresql+asyncpg://app:{PASSWORD}@db.example/prod", spool_path=tmp_path / "s")
-    echoed = OSError(f"could not connect to postgresql://app:{PASSWORD}@db.example/prod (password={PASSWORD})")
+    echoed = OSError(
+        f"could not connect to postgresql://app:{PASSWORD}@db.example/prod (password={PASSWORD})"
+    )
     why = sink._why(echoed)
     assert PASSWORD not in why
     assert why.startswith("OSError: could not connect to")
