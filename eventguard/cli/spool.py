@@ -17,6 +17,7 @@ from eventguard.cli._common import (
     errors,
     handled,
     out,
+    printable,
     resolve,
     run,
 )
@@ -61,8 +62,7 @@ def replay(
 
     with errors(url):
         path, result, waiting = run(work)
-    # Bad records go to the database's quarantine once the sink has one; until then, only counted.
-    quarantined: int | None = getattr(result, "quarantined", None)
+    quarantined = result.quarantined
     if json:
         emit_json(
             {
@@ -79,7 +79,7 @@ def replay(
             }
         )
         return
-    shown = str(path)
+    shown = printable(str(path))
     if result.files == 0:
         out.print(f"nothing to replay in {shown}", markup=False)
     else:
@@ -88,8 +88,13 @@ def replay(
             markup=False,
         )
     if result.bad_lines:
-        where = "" if quarantined is None else f", {quarantined} quarantined in the database"
-        out.print(f"{result.bad_lines} bad record(s){where}", markup=False)
+        out.print(f"{result.bad_lines} unreadable record(s)", markup=False)
+    if quarantined:
+        out.print(
+            f"{quarantined} record(s) quarantined (unreadable, refused by the database, or a duplicate "
+            "stream): see the eventguard_quarantine table, or the quarantine file beside the spool",
+            markup=False,
+        )
     for refusal in result.refusals:
         out.print(f"refused: {refusal}", markup=False)
     if waiting:

@@ -99,3 +99,18 @@ def test_record_helper_is_idempotent_per_database(db_url: str) -> None:
     asyncio.run(record(db_url, [("resp_a", "completed")]))
     asyncio.run(record(db_url, [("resp_b", "failed")]))
     assert len(json.loads(Cli(db_url)("responses", "list", "--json").stdout)) == 2
+
+
+def test_spool_replay_reports_an_unreadable_record_as_quarantined(db_url: str, tmp_path: Path) -> None:
+    cli = Cli(db_url)
+    (tmp_path / "cli.db").touch()
+    asyncio.run(spool_only(db_url))
+    spool = tmp_path / "spool.jsonl"
+    with spool.open("ab") as fh:
+        fh.write(b"EG1 99 00000000 {\"torn")  # a write a crash cut short
+    assert cli("db", "upgrade").exit_code == 0
+    result = cli("spool", "replay", "--spool", str(spool))
+    assert result.exit_code == 0, result.output
+    assert "1 unreadable record(s)" in result.stdout
+    assert "1 record(s) quarantined" in result.stdout
+    assert [r["status"] for r in json.loads(cli("responses", "list", "--json").stdout)] == ["completed"]
