@@ -22,20 +22,11 @@ from eventguard import _db
 from eventguard.sink import SinkLoopError, SqlSink
 from eventguard.sink.tables import events, responses
 
-from .conftest import PG_DSN, PG_URL
+from .conftest import PG_DSN, PG_URL, _pg_reachable
 from .helpers import run_guarded, script
 
 
 def _pg_schema() -> Iterator[str]:
-    async def reachable() -> str | None:
-        try:
-            async with asyncio.timeout(5):
-                conn = await asyncpg.connect(PG_DSN)
-                await conn.close()
-        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-            return f"no PostgreSQL at {PG_DSN}: {type(exc).__name__}: {exc}"
-        return None
-
     async def execute(sql: str) -> None:
         async with asyncio.timeout(30):
             conn = await asyncpg.connect(PG_DSN)
@@ -44,7 +35,7 @@ def _pg_schema() -> Iterator[str]:
             finally:
                 await conn.close()
 
-    why = asyncio.run(reachable())
+    why = asyncio.run(_pg_reachable())
     if why is not None:
         pytest.skip(why)
     schema = f"eg_test_{uuid.uuid4().hex[:12]}"
