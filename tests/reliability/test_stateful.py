@@ -29,7 +29,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from eventguard import SqlSink, State, guard
+from eventguard import Guard, SqlSink, State, guard
 from eventguard.store import ResponseStore
 
 from ._common import SLOW, report
@@ -74,7 +74,7 @@ class GuardMachine(RuleBasedStateMachine):
         self.ctx = SimpleNamespace(client_cancelled=False, shutdown=asyncio.Event(), response_id=self.rid)
         self.signal = asyncio.Event()
         self.sink = self.run(self._sink())
-        self.g = guard(self.inner.gen(), self.signal, context=self.ctx, sink=self.sink, cancel_grace=None)
+        self.g = self.run(self._guard())  # built inside the loop that iterates it, as the README asks
         self.forwarded: list[Any] = []
         self.pending: asyncio.Task[Any] | None = None
         self.done = False
@@ -88,6 +88,9 @@ class GuardMachine(RuleBasedStateMachine):
         await sink.start()
         sink._retry_at = time.monotonic() + 3600  # the database is away: every batch goes to the spool
         return sink
+
+    async def _guard(self) -> Guard:
+        return guard(self.inner.gen(), self.signal, context=self.ctx, sink=self.sink, cancel_grace=None)
 
     def run(self, aw: Any) -> Any:
         async def bounded() -> Any:
