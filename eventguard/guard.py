@@ -303,6 +303,15 @@ class Guard:
             self._apply(decide(ending, self._flags(), self._options))
         await self._finish()
 
+    async def _end_dropped(self) -> None:
+        """The event loop's finaliser closes a guard its consumer dropped, in a task nobody awaits:
+        an inner stream whose close raises is said here, once, rather than left in that task for
+        "Task exception was never retrieved". The ending is recorded all the same."""
+        try:
+            await self._end_closed(Ending.CLOSED_EARLY)
+        except Exception:
+            log.warning("eventguard: closing the inner stream of a dropped guard raised", exc_info=True)
+
     async def _run(self) -> AsyncGenerator[Any, None]:
         """The hot loop: for an output or delta event, one subscript, one set lookup, a counter.
 
@@ -381,7 +390,10 @@ class Guard:
                 # Thrown in by the consumer at a yield: not the inner stream's ending. A close
                 # (aclose(), or the loop finalising a guard that was dropped) ends the guard here.
                 if exc.__class__ is GeneratorExit and not self._finished:
-                    await self._end_closed(self._closing or Ending.CLOSED_EARLY)
+                    if self._closing is not None:
+                        await self._end_closed(self._closing)  # our aclose(): its caller sees errors
+                    else:
+                        await self._end_dropped()
                 raise
             if phase == 1:
                 # The guard's own error (strict mode's InvalidEvent, say): end, then let it through.
@@ -1116,9 +1128,14 @@ async def _empty() -> AsyncGenerator[Any, None]:
 
 
 async def _close_quietly(closer: Callable[[], Awaitable[Any]]) -> None:
+    # A task of its own that nobody awaits: whatever the close raises (the host's
+    # ResponseExitForRecovery included) has nowhere to go but the log. A cancel (the loop is
+    # shutting down) and the interpreter's own exits still go through.
     try:
         await closer()
-    except Exception:
+    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:
         log.warning("closing a stuck inner stream raised", exc_info=True)
 
 

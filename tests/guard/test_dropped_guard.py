@@ -11,6 +11,7 @@ by a weak reference, so it never keeps a dropped guard alive.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import weakref
 from collections.abc import AsyncIterator
@@ -205,3 +206,98 @@ async def test_the_watchdog_holds_no_strong_reference_to_its_guard() -> None:
         ]
         frame = watchdog.get_coro().cr_frame  # type: ignore[union-attr]
         assert all(v is not g for v in frame.f_locals.values())
+
+
+class RaisesOnClose:
+    """An inner stream whose close raises: ``aclose()`` is where its cleanup fails."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+        self.closed = 0
+
+    def __aiter__(self) -> RaisesOnClose:
+        return self
+
+    async def __anext__(self) -> Any:
+        await asyncio.sleep(0)
+        return {"type": "response.output_text.delta", "delta": "x"}
+
+    async def aclose(self) -> None:
+        self.closed += 1
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [RuntimeError("cleanup failed"), KeyError("gone")], ids=repr)
+async def test_a_dropped_guard_whose_inner_close_raises_leaves_no_unretrieved_task_exception(
+    error: BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
+    inner = RaisesOnClose(error)
+    errors: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    try:
+        g = guard(inner, asyncio.Event(), cancel_grace=0.05)
+        lc = g.lifecycle
+        async with asyncio.timeout(BOUND):
+            async for _ in g:
+                break
+        del g
+        await collect_until(lambda: lc.ended and inner.closed and not other_tasks())
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert (lc.state, lc.cause) == (State.FAILED, Cause.CLOSED_EARLY)
+    assert inner.closed == 1
+    assert errors == []  # nothing left to "Task exception was never retrieved"
+    assert type(error).__name__ in caplog.text  # said once, as a warning, instead
+
+
+class ExitForRecovery(BaseException):
+    """Stands in for the host's ResponseExitForRecovery: a BaseException, not an Exception."""
+
+
+class SwallowsCancelThenFailsToClose:
+    """Stuck after one event; swallows the watchdog's cancel and produces one more; its close raises
+    a BaseException, in the background task the guard leaves it to."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.closed = 0
+
+    def __aiter__(self) -> SwallowsCancelThenFailsToClose:
+        return self
+
+    async def __anext__(self) -> Any:
+        self.n += 1
+        if self.n == 1:
+            return {"type": "response.output_text.delta", "delta": "x"}
+        with contextlib.suppress(asyncio.CancelledError):  # swallowed
+            await asyncio.sleep(3600)
+        return {"type": "response.output_text.delta", "delta": "late"}
+
+    async def aclose(self) -> None:
+        self.closed += 1
+        raise ExitForRecovery
+
+
+async def test_a_stuck_inner_whose_background_close_raises_a_base_exception_is_logged_not_left_unretrieved(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    inner = SwallowsCancelThenFailsToClose()
+    signal = asyncio.Event()
+    signal.set()
+    errors: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    try:
+        g = guard(inner, signal, cancel_grace=0.05)
+        async with asyncio.timeout(BOUND):
+            got = [ev async for ev in g]
+        await collect_until(lambda: inner.closed and not other_tasks())
+    finally:
+        loop.set_exception_handler(None)
+    assert [e.get("delta") for e in got] == ["x"]  # the late event is not forwarded
+    assert g.lifecycle.ended
+    assert errors == []
+    assert "ExitForRecovery" in caplog.text
