@@ -25,14 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gc
-import inspect
 import logging
-import sys
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
-from types import AsyncGeneratorType, CoroutineType, GeneratorType, TracebackType
-from typing import Any, Final, Literal, Protocol, cast
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Mapping
+from types import AsyncGeneratorType, TracebackType
+from typing import Any, Final, Literal, cast
 
 from eventguard.decision import Decision, Ending, Flags, Forward, Options, decide
 from eventguard.errors import (
@@ -54,22 +51,19 @@ from eventguard.events import (
     parse_lifecycle_event,
     read_terminal,
 )
+from eventguard.guard.host import CancellationSignal, Host, info_from_context
+from eventguard.guard.owner import InnerStream, keep, spawn
+from eventguard.guard.watchdog import waiting_task
 from eventguard.lifecycle import AnomalyKind, Cause, ErrorInfo, Lifecycle, ResponseInfo, State
 from eventguard.recording import Recorder, Sink
 
-__all__ = ["CancellationSignal", "Guard", "guard", "info_from_context"]
+__all__ = ["Guard", "guard"]
 
 log = logging.getLogger("eventguard.guard")
 
 
-class CancellationSignal(Protocol):
-    def is_set(self) -> bool: ...
-
-
 #: Returned by the slow path for an event that is not forwarded.
 _DROP: Final = object()
-#: Keeps background work (a bounded final flush, a stuck inner's close) alive until it ends.
-_BACKGROUND: set[asyncio.Future[Any]] = set()
 _PRIMITIVES: Final = (str, bytes, bytearray, int, float, bool, list, tuple, set, type(None))
 _STUCK_MESSAGE: Final = "eventguard: inner stream ignored the cancellation signal past cancel_grace"
 _OUTSIDE_LOOP: Final = (
@@ -128,23 +122,20 @@ class Guard:
     __slots__ = (
         "__weakref__",
         "_cancelling_before",
-        "_closer",
         "_closing",
-        "_context",
-        "_exiting",
         "_finished",
         "_flush_timeout",
         "_gen",
         "_grace",
+        "_host",
         "_hot",
-        "_iterator",
+        "_inner",
         "_loop",
         "_n",
         "_options",
         "_own_ending",
         "_pending",
         "_rec",
-        "_signal",
         "_slow",
         "_snapshot",
         "_stop_after",
@@ -156,7 +147,6 @@ class Guard:
         "_terminal_seen",
         "_used",
         "_watchdog",
-        "inner_closed",
         "lifecycle",
     )
 
@@ -196,17 +186,13 @@ class Guard:
             )
         #: The loop the guard was built in (None outside one: allowed without a sink).
         self._loop = loop
-        iterator: AsyncIterator[Any] = aiter_()
-        self._iterator = iterator
-        self._closer = _closer_for(stream, iterator)
-        self._signal = cancellation_signal
-        self._context = context
-        self._exiting = process_shutdown
+        #: The inner stream, owned: closed exactly once (see owner.py).
+        self._inner = InnerStream(stream, aiter_())
+        #: The only reader of the host's context and signals (see host.py).
+        self._host = host = Host(cancellation_signal, context, process_shutdown)
         info = info if info is not None else info_from_context(context)
         if recoverable is None:
-            # Only a resilient host recovers a run; it gives such runs a durable task context.
-            durable = getattr(context, "_task_context", None) is not None
-            recoverable = bool(info.background and info.store and durable)
+            recoverable = host.recoverable(info)
         self._options = Options(
             on_cancel=on_cancel, keep_shutdown_completion=keep_shutdown_completion, recoverable=recoverable
         )
@@ -241,8 +227,11 @@ class Guard:
         #: How the consumer is closing the guard while its generator unwinds (see _end_closed).
         self._closing: Ending | None = None
         self._cancelling_before = 0
-        #: How many times the guard closed the inner stream (0 or 1); public for tests and audits.
-        self.inner_closed = 0
+
+    @property
+    def inner_closed(self) -> int:
+        """How many times the guard closed the inner stream (0 or 1); public for tests and audits."""
+        return self._inner.closed
 
     # -- the async context manager and iterator protocols --------------------------------------
 
@@ -332,18 +321,16 @@ class Guard:
             loop = self._check_loop()
             if grace is not None:
                 # The task that takes the first step: the watchdog looks there first for the task
-                # waiting on the inner stream (a later step may run in another task: see _waiting_task).
+                # waiting on the inner stream (a later step may run in another task: see waiting_task).
                 self._task = asyncio.current_task()
                 # It holds the guard only by a weak reference: a guard dropped without being closed is
                 # collected and finalised like an async generator, and that cancels the watchdog. The
                 # watchdog itself is kept alive (_BACKGROUND) until it ends, so that it is never
                 # collected pending along with a dropped guard and the signal it waits on.
-                shutdown = getattr(self._context, "shutdown", None) if self._context is not None else None
                 self._watchdog = watchdog = loop.create_task(
-                    Guard._watch(weakref.ref(self), self._signal, shutdown, grace)
+                    Guard._watch(weakref.ref(self), self._host, grace)
                 )
-                _BACKGROUND.add(watchdog)
-                watchdog.add_done_callback(_BACKGROUND.discard)
+                keep(watchdog)
         rec = self._rec
         # Plain str types already seen to need nothing but forwarding; emptied (see _go_slow) once
         # every event must take the slow path: after the terminal, or when the guard is ending.
@@ -352,7 +339,7 @@ class Guard:
         phase = 0
         final: Any = _DROP
         try:
-            async for event in self._iterator:
+            async for event in self._inner.iterator:
                 phase = 1
                 try:
                     etype = event["type"]
@@ -418,30 +405,14 @@ class Guard:
             watchdog.cancel()
         try:
             if close_inner:
-                await self._close_inner()
+                await self._inner.close()
         finally:
             await self._flush()
-
-    async def _close_inner(self) -> None:
-        if self.inner_closed:
-            return
-        self.inner_closed += 1
-        if self._closer is not None:
-            await self._closer()
 
     def _go_slow(self) -> None:
         """From now on every event takes the slow path."""
         self._slow = True
         self._hot.clear()
-
-    def _close_inner_in_background(self) -> None:
-        # The inner stream ignored the signal: closing it could block as long as it likes, so the
-        # guard ends its own stream now and leaves the close to run on its own.
-        if self.inner_closed:
-            return
-        self.inner_closed += 1
-        if self._closer is not None:
-            _spawn(_close_quietly(self._closer))
 
     def _check_loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, which must be the one the guard (and its recorder) was built in."""
@@ -472,7 +443,7 @@ class Guard:
             return
         # Shielded: the terminal write survives the cancellation of the task running the guard.
         # Bounded: a database that hangs cannot hang the host; the write goes on in the background.
-        closing = _spawn(rec.close())
+        closing = spawn(rec.close())
         try:
             await asyncio.wait_for(asyncio.shield(closing), self._flush_timeout)
         except TimeoutError:
@@ -539,7 +510,7 @@ class Guard:
         out: Any = _DROP
         if not self._terminal_seen and not self.lifecycle.terminal:
             out = self._end_with(decide(Ending.STUCK, self._flags(), self._options))
-        self._close_inner_in_background()
+        self._inner.close_in_background()
         await self._finish(close_inner=False)
         return out
 
@@ -687,7 +658,7 @@ class Guard:
         )
         out = self._own_terminal()
         if self._stuck_handled:
-            self._close_inner_in_background()  # it may be as slow to close as it was to return
+            self._inner.close_in_background()  # it may be as slow to close as it was to return
         self._stop_after = True
         return out
 
@@ -710,7 +681,7 @@ class Guard:
         out = _DROP
         if not self.lifecycle.terminal:
             out = self._end_with(decide(Ending.STUCK, self._flags(), self._options))
-        self._close_inner_in_background()
+        self._inner.close_in_background()
         self._stop_after = True
         return out
 
@@ -858,29 +829,16 @@ class Guard:
     # -- causes and the watchdog ---------------------------------------------------------------
 
     def _flags(self) -> Flags:
-        signal = bool(self._signal.is_set())
-        exiting = self._exiting is not None and _is_set(self._exiting)
-        ctx = self._context
-        if ctx is None:
-            # Without a context a set signal counts as a client cancel: never record a false success.
-            return Flags(signal=signal, client_cancelled=signal, process_exiting=exiting)
-        return Flags(
-            signal=signal,
-            client_cancelled=bool(getattr(ctx, "client_cancelled", False)),
-            shutdown=_is_set(getattr(ctx, "shutdown", None)),
-            process_exiting=exiting,
-        )
+        return self._host.flags()
 
     @staticmethod
-    async def _watch(
-        ref: weakref.ref[Guard], signal: CancellationSignal, shutdown: object, grace: float
-    ) -> None:
+    async def _watch(ref: weakref.ref[Guard], host: Host, grace: float) -> None:
         """Once a cause is signalled, give the stream ``grace`` seconds, then stop waiting for it.
 
         Holds the guard only by ``ref``, and only between its awaits: a guard dropped without being
         closed is collected, and its generator's finaliser cancels this task.
         """
-        await _wait_for_cause(ref, signal, shutdown)
+        await host.wait_for_cause(ref)
         await asyncio.sleep(grace)
         g = ref()
         if g is None or not g._on_grace(grace):
@@ -899,7 +857,7 @@ class Guard:
         if gen is not None and gen.ag_await is not None:
             # Suspended inside an await of the hot loop: that is the inner stream's __anext__, in
             # whichever task took this step (each step may be a task of its own: wait_for(anext(it))).
-            task = _waiting_task(gen, self._task)
+            task = waiting_task(gen, self._task)
             if task is None:
                 # No task is seen waiting through the guard (a step driven by hand, or through an
                 # awaitable the guard cannot look into). Never cancel a task that is not inside the
@@ -973,146 +931,6 @@ class Guard:
         self._go_slow()
 
 
-async def _wait_for_cause(ref: weakref.ref[Guard], signal: CancellationSignal, shutdown: object) -> None:
-    if isinstance(signal, asyncio.Event) and (shutdown is None or isinstance(shutdown, asyncio.Event)):
-        # Nothing to poll: woken only by the signal (or the shutdown flag) itself.
-        if shutdown is None:
-            await signal.wait()
-            return
-        waits = [asyncio.ensure_future(signal.wait()), asyncio.ensure_future(shutdown.wait())]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-        return
-    # A signal we cannot wait on (a threading.Event, any object with is_set()): poll it, gently.
-    while not (signal.is_set() or _is_set(shutdown)):
-        if ref() is None:
-            return
-        await asyncio.sleep(0.05)
-
-
-async def _probe() -> AsyncGenerator[None, None]:
-    yield None
-
-
-def _step_wrapper_types() -> tuple[type, ...]:
-    """The awaitables that stand for one step of an async generator: asend, athrow, anext(it, d)."""
-    hooks = sys.get_asyncgen_hooks()
-    sys.set_asyncgen_hooks(None, None)  # a probe, not an async generator for the loop to finalise
-    try:
-        gen = _probe()
-        made = [gen.asend(None), gen.athrow(GeneratorExit()), anext(gen, None)]
-        kinds = tuple({type(m) for m in made})
-        for m in made:
-            close = getattr(m, "close", None)
-            if close is not None:
-                close()
-    finally:
-        sys.set_asyncgen_hooks(*hooks)
-    return kinds
-
-
-_STEP_WRAPPERS: Final = _step_wrapper_types()
-_CHAIN_TYPES: Final = (AsyncGeneratorType, CoroutineType, GeneratorType, *_STEP_WRAPPERS)
-_MAX_CHAIN: Final = 256
-
-
-def _waiting_task(
-    gen: AsyncGeneratorType[Any, None], hint: asyncio.Task[Any] | None
-) -> asyncio.Task[Any] | None:
-    """The task whose current await runs through ``gen``: the one inside the guard's step, or None.
-
-    Read at fire time only (never on the hot path): ``hint``, the task of the first step, is looked
-    at first, then every task of the loop.
-    """
-    if hint is not None and not hint.done() and _awaits_through(hint, gen):
-        return hint
-    for task in asyncio.all_tasks():
-        if task is not hint and _awaits_through(task, gen):
-            return task
-    return None
-
-
-def _awaits_through(task: asyncio.Task[Any], gen: object) -> bool:
-    """Whether ``task``'s chain of awaits (coroutines, generators, async generator steps) reaches ``gen``.
-
-    The chain stops at a future: a task that awaits another task is not inside that task's step.
-    """
-    obj: object = task.get_coro()
-    for _ in range(_MAX_CHAIN):
-        if obj is gen:
-            return True
-        if isinstance(obj, CoroutineType):
-            obj = obj.cr_await
-        elif isinstance(obj, AsyncGeneratorType):
-            obj = obj.ag_await
-        elif isinstance(obj, GeneratorType):
-            obj = obj.gi_yieldfrom
-        elif isinstance(obj, _STEP_WRAPPERS):
-            # A step of an async generator (anext(it), it.asend(v)) keeps its generator to itself.
-            obj = next((r for r in gc.get_referents(obj) if isinstance(r, _CHAIN_TYPES)), None)
-        else:
-            return False
-    return False
-
-
-def info_from_context(context: Any) -> ResponseInfo:
-    """What a host ``ResponseContext`` (or anything shaped like it) says about the response."""
-    if context is None:
-        return ResponseInfo()
-    mode = getattr(context, "mode_flags", None)
-    platform = getattr(context, "platform_context", None)
-    try:
-        chain_id = getattr(context, "conversation_chain_id", None)
-    except Exception:  # a property that cannot resolve is not worth failing a response over
-        chain_id = None
-    return ResponseInfo(
-        response_id=_opt_str(getattr(context, "response_id", None)),
-        conversation_id=_opt_str(getattr(context, "conversation_id", None)),
-        chain_id=_opt_str(chain_id),
-        partition_key=_opt_str(getattr(platform, "user_id_key", None)),
-        background=_opt_bool(getattr(mode, "background", None)),
-        stream=_opt_bool(getattr(mode, "stream", None)),
-        store=_opt_bool(getattr(mode, "store", None)),
-        is_recovery=bool(getattr(context, "is_recovery", False)),
-        is_steered_turn=bool(getattr(context, "is_steered_turn", False)),
-    )
-
-
-def _closer_for(stream: object, iterator: object) -> Callable[[], Awaitable[Any]] | None:
-    """How to close the inner stream: its iterator, and the iterable too when that owns a resource.
-
-    The ``openai`` SDK's ``AsyncStream`` hands out a fresh async generator from ``__aiter__`` and
-    keeps the HTTP response itself, released by its own ``close()``: closing only the generator would
-    leave the connection open.
-    """
-    closers: list[Callable[[], Awaitable[Any]]] = []
-    aclose = getattr(iterator, "aclose", None)
-    if callable(aclose):
-        closers.append(aclose)
-    if stream is not iterator:
-        own = getattr(stream, "aclose", None)
-        if own is None:
-            close = getattr(stream, "close", None)
-            own = close if close is not None and inspect.iscoroutinefunction(close) else None
-        if callable(own):
-            closers.append(own)
-    if not closers:
-        return None
-    if len(closers) == 1:
-        return closers[0]
-
-    async def close_both() -> None:
-        try:
-            await closers[0]()
-        finally:
-            await closers[1]()
-
-    return close_both
-
-
 def _exit_ending(exc: BaseException | None) -> Ending:
     """How an ``async with guard(...)`` body's exception ends a stream the guard had not finished."""
     if exc is None or isinstance(exc, GeneratorExit):
@@ -1125,40 +943,6 @@ def _exit_ending(exc: BaseException | None) -> Ending:
 async def _empty() -> AsyncGenerator[Any, None]:
     return
     yield  # an async generator that ends at once: a guard closed before its first step
-
-
-async def _close_quietly(closer: Callable[[], Awaitable[Any]]) -> None:
-    # A task of its own that nobody awaits: whatever the close raises (the host's
-    # ResponseExitForRecovery included) has nowhere to go but the log. A cancel (the loop is
-    # shutting down) and the interpreter's own exits still go through.
-    try:
-        await closer()
-    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException:
-        log.warning("closing a stuck inner stream raised", exc_info=True)
-
-
-def _spawn(aw: Awaitable[Any]) -> asyncio.Future[Any]:
-    fut = asyncio.ensure_future(aw)
-    _BACKGROUND.add(fut)
-    fut.add_done_callback(_BACKGROUND.discard)
-    return fut
-
-
-def _is_set(flag: object) -> bool:
-    is_set = getattr(flag, "is_set", None)
-    if callable(is_set):
-        return bool(is_set())
-    return bool(flag)
-
-
-def _opt_str(value: object) -> str | None:
-    return None if value is None else str(value)
-
-
-def _opt_bool(value: object) -> bool | None:
-    return None if value is None else bool(value)
 
 
 def _qualname(cls: type[BaseException]) -> str:

@@ -1,0 +1,117 @@
+"""The host adapter: everything the guard reads from the host's ``ResponseContext``, in one place.
+
+The guard never looks at the context itself. It asks this adapter three things: the cause flags at
+one moment (:meth:`Host.flags`), to wait until a cause is signalled (:meth:`Host.wait_for_cause`,
+for the watchdog), and what the host says about the response (:func:`info_from_context`,
+:meth:`Host.recoverable`). Only here is the context's private ``_task_context`` read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from eventguard.decision import Flags
+from eventguard.lifecycle import ResponseInfo
+
+__all__ = ["CancellationSignal", "Host", "info_from_context", "is_set"]
+
+
+class CancellationSignal(Protocol):
+    def is_set(self) -> bool: ...
+
+
+class Host:
+    """The cause flags of one response: the host's signal, its context, the process's shutdown flag."""
+
+    __slots__ = ("context", "process_shutdown", "signal")
+
+    def __init__(
+        self, signal: CancellationSignal, context: Any = None, process_shutdown: object = None
+    ) -> None:
+        self.signal = signal
+        self.context = context
+        self.process_shutdown = process_shutdown
+
+    def flags(self) -> Flags:
+        """The cause flags at this moment."""
+        signal = bool(self.signal.is_set())
+        exiting = self.process_shutdown is not None and is_set(self.process_shutdown)
+        ctx = self.context
+        if ctx is None:
+            # Without a context a set signal counts as a client cancel: never record a false success.
+            return Flags(signal=signal, client_cancelled=signal, process_exiting=exiting)
+        return Flags(
+            signal=signal,
+            client_cancelled=bool(getattr(ctx, "client_cancelled", False)),
+            shutdown=is_set(getattr(ctx, "shutdown", None)),
+            process_exiting=exiting,
+        )
+
+    def recoverable(self, info: ResponseInfo) -> bool:
+        """Whether a run stopped by shutdown can be recovered, by default: only a resilient host
+        recovers a run, and it gives such runs a durable task context."""
+        durable = getattr(self.context, "_task_context", None) is not None
+        return bool(info.background and info.store and durable)
+
+    async def wait_for_cause(self, alive: Callable[[], object]) -> None:
+        """Return once the signal (or the context's shutdown flag) is set, or ``alive()`` is None."""
+        signal = self.signal
+        shutdown = getattr(self.context, "shutdown", None) if self.context is not None else None
+        if isinstance(signal, asyncio.Event) and (shutdown is None or isinstance(shutdown, asyncio.Event)):
+            # Nothing to poll: woken only by the signal (or the shutdown flag) itself.
+            if shutdown is None:
+                await signal.wait()
+                return
+            waits = [asyncio.ensure_future(signal.wait()), asyncio.ensure_future(shutdown.wait())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            return
+        # A signal we cannot wait on (a threading.Event, any object with is_set()): poll it, gently.
+        while not (signal.is_set() or is_set(shutdown)):
+            if alive() is None:
+                return
+            await asyncio.sleep(0.05)
+
+
+def info_from_context(context: Any) -> ResponseInfo:
+    """What a host ``ResponseContext`` (or anything shaped like it) says about the response."""
+    if context is None:
+        return ResponseInfo()
+    mode = getattr(context, "mode_flags", None)
+    platform = getattr(context, "platform_context", None)
+    try:
+        chain_id = getattr(context, "conversation_chain_id", None)
+    except Exception:  # a property that cannot resolve is not worth failing a response over
+        chain_id = None
+    return ResponseInfo(
+        response_id=_opt_str(getattr(context, "response_id", None)),
+        conversation_id=_opt_str(getattr(context, "conversation_id", None)),
+        chain_id=_opt_str(chain_id),
+        partition_key=_opt_str(getattr(platform, "user_id_key", None)),
+        background=_opt_bool(getattr(mode, "background", None)),
+        stream=_opt_bool(getattr(mode, "stream", None)),
+        store=_opt_bool(getattr(mode, "store", None)),
+        is_recovery=bool(getattr(context, "is_recovery", False)),
+        is_steered_turn=bool(getattr(context, "is_steered_turn", False)),
+    )
+
+
+def is_set(flag: object) -> bool:
+    """A flag that is anything with ``is_set()``, or a plain truth value."""
+    method = getattr(flag, "is_set", None)
+    if callable(method):
+        return bool(method())
+    return bool(flag)
+
+
+def _opt_str(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _opt_bool(value: object) -> bool | None:
+    return None if value is None else bool(value)
