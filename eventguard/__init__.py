@@ -3,6 +3,9 @@
 The public surface is these names; every module behind them is an implementation detail.
 """
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
 from eventguard.decision import Decision, Ending, Flags, Forward, decide
 from eventguard.errors import (
     EventGuardError,
@@ -38,6 +41,11 @@ from eventguard.sink import (
 )
 from eventguard.store import ResponseStore
 
+try:
+    __version__: str = _version("eventguard")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
+
 __all__ = [
     "ALLOWED_TRANSITIONS",
     "ENDED_STATES",
@@ -71,6 +79,7 @@ __all__ = [
     "StorageError",
     "Transition",
     "Usage",
+    "__version__",
     "decide",
     "guard",
 ]
