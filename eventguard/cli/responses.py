@@ -29,6 +29,7 @@ from eventguard.cli._common import (
     when,
     with_store,
 )
+from eventguard.sink.tables import STATES
 from eventguard.store import ResponseStore
 
 app = typer.Typer(
@@ -45,6 +46,11 @@ STATUS_STYLE = {
     "queued": "cyan",
     "new": "cyan",
 }
+
+
+def _check_status(status: str) -> None:
+    if status not in STATES:
+        fail(f"unknown status {status!r}: expected one of {', '.join(STATES)}")
 
 
 def status_text(status: str | None) -> Text:
@@ -68,14 +74,11 @@ def list_(
     """Recorded responses, newest first."""
     url = resolve(database_url)
     if status is not None:
-        try:
-            _query.check_status(status)
-        except ValueError as exc:
-            fail(str(exc))
+        _check_status(status)
     since_at = parse_time(since, "--since") if since is not None else None
 
-    async def work(_store: ResponseStore) -> list[ResponseRecord]:
-        return await _query.list_responses(url, status=status, since=since_at, limit=limit)
+    async def work(store: ResponseStore) -> list[ResponseRecord]:
+        return await _query.list_responses(store, status=status, since=since_at, limit=limit)
 
     with errors(url):
         records = run(lambda: with_store(url, work))

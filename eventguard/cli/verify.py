@@ -1,200 +1,24 @@
-"""``eventguard verify``: replay every stored history through the lifecycle state machine.
-
-For each response and attempt, the stored transitions are replayed through
-:meth:`eventguard.Lifecycle.transition` (the same checks the guard ran when it recorded them), the
-stored lifecycle events are read as the guard reads them, and the three are compared with the
-response row: any response whose transitions, events and status disagree is reported.
-"""
+"""``eventguard verify``: print what :func:`eventguard.verify.verify` found; exit 1 on a disagreement."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Annotated
 
 import typer
-from sqlalchemy.engine import URL
 
-from eventguard._records import Attempt, History, TransitionRecord
-from eventguard.cli import _query
 from eventguard.cli._common import (
     EXIT_FOUND,
     DatabaseUrl,
     Json,
     emit_json,
-    errors,
     handled,
     out,
-    resolve,
-    run,
     say,
+    store_command,
     table,
-    with_store,
 )
-from eventguard.errors import IllegalTransition
-from eventguard.events import (
-    LIFECYCLE_KINDS,
-    Kind,
-    LifecycleEventError,
-    ResponseCompleted,
-    ResponseFailed,
-    ResponseIncomplete,
-    parse_lifecycle_event,
-    read_terminal,
-)
-from eventguard.lifecycle import ALLOWED_TRANSITIONS, ENDED_STATES, Lifecycle, State
-from eventguard.store import ResponseStore
-
-
-@dataclass(frozen=True)
-class Disagreement:
-    response_id: str
-    attempt: int | None
-    problem: str
-
-
-@dataclass(frozen=True)
-class Report:
-    checked: int
-    without_history: int
-    disagreements: list[Disagreement]
-
-
-def _state(value: str) -> State | None:
-    try:
-        return State(value)
-    except ValueError:
-        return None
-
-
-def check_attempt(
-    response_id: str, attempt: Attempt
-) -> tuple[State | None, TransitionRecord | None, list[str]]:
-    """Replay one attempt; its final state, the transition that set it, and what disagrees."""
-    problems: list[str] = []
-    start = State.NEW if attempt.attempt == 1 else State.INTERRUPTED
-    lc = Lifecycle(state=start, attempt=attempt.attempt)
-    writer = sorted((t for t in attempt.transitions if t.idx >= 0), key=lambda t: t.idx)
-    marks = sorted((t for t in attempt.transitions if t.idx < 0), key=lambda t: -t.idx)  # -1 first
-    for expected, t in enumerate(writer):
-        if t.idx != expected:
-            problems.append(f"transition #{expected} is missing (next stored is #{t.idx})")
-            break
-    last: TransitionRecord | None = None
-    for t in writer:
-        src, dst = _state(t.from_state), _state(t.to_state)
-        if src is None or dst is None:
-            problems.append(f"transition #{t.idx} {t.from_state} -> {t.to_state}: unknown state")
-            continue
-        if src is not lc.state:
-            problems.append(
-                f"transition #{t.idx} starts at {src.value}, but the history was at {lc.state.value}"
-            )
-            lc.state = src
-        try:
-            lc.transition(dst, reason=t.reason)
-        except IllegalTransition as exc:
-            problems.append(f"transition #{t.idx}: {exc}")
-            lc.state = dst
-        last = t
-    final: State | None = lc.state if writer or attempt.attempt > 1 else None
-    for t in marks:  # written by `recover` for a row nobody wrote any more
-        src, dst = _state(t.from_state), _state(t.to_state)
-        if src is None or dst is None or dst not in ALLOWED_TRANSITIONS.get(src, frozenset()):
-            problems.append(f"recover mark {t.from_state} -> {t.to_state} is not an allowed transition")
-        if last is None or t.at >= last.at:
-            final, last = dst, t
-    problems.extend(_check_events(attempt, final, writer))
-    return final, last, problems
-
-
-def _check_events(attempt: Attempt, final: State | None, writer: list[TransitionRecord]) -> list[str]:
-    problems: list[str] = []
-    reached = {t.to_state for t in writer}
-    terminal_seq: int | None = None
-    for event in attempt.events:
-        etype = event.type
-        if terminal_seq is not None:
-            problems.append(f"event #{event.seq} {etype} was stored after the terminal (#{terminal_seq})")
-            break
-        kind = LIFECYCLE_KINDS.get(etype or "")
-        if kind is None:
-            continue
-        if kind is not Kind.TERMINAL:
-            if not reached & {"queued", "in_progress"}:
-                problems.append(f"event #{event.seq} {etype} is stored, but no transition started the run")
-            continue
-        terminal_seq = event.seq
-        try:
-            parsed = parse_lifecycle_event(event.payload)
-        except LifecycleEventError as exc:
-            problems.append(f"event #{event.seq} {etype} does not validate: {exc}")
-            continue
-        assert isinstance(parsed, ResponseCompleted | ResponseIncomplete | ResponseFailed)
-        claim = read_terminal(parsed).state
-        if final is not None and claim is not final:
-            problems.append(
-                f"the stored terminal event #{event.seq} says {claim.value}, "
-                f"the transitions end {final.value}"
-            )
-    if terminal_seq is None and final in (State.COMPLETED, State.INCOMPLETE) and attempt.events:
-        has_all = attempt.events[-1].seq + 1 == len(attempt.events)
-        if has_all:
-            problems.append(f"ended {final.value} but no terminal event was stored")
-    return problems
-
-
-def check_history(history: History) -> list[Disagreement]:
-    """Every way this response's stored history disagrees with itself or with its status."""
-    r = history.response
-    found: list[Disagreement] = []
-    final: State | None = None
-    last: TransitionRecord | None = None
-    last_attempt: int | None = None
-    for attempt in history.attempts:
-        if not attempt.transitions and not attempt.events and not attempt.anomalies:
-            continue
-        state, transition, problems = check_attempt(r.response_id, attempt)
-        found.extend(Disagreement(r.response_id, attempt.attempt, p) for p in problems)
-        if state is not None:
-            final, last, last_attempt = state, transition, attempt.attempt
-    if final is None:
-        return found
-    if r.status != final.value:
-        found.append(
-            Disagreement(r.response_id, last_attempt, f"status is {r.status}, the history ends {final.value}")
-        )
-    elif final in ENDED_STATES and last is not None and (r.cause or None) != (last.cause or None):
-        found.append(
-            Disagreement(
-                r.response_id, last_attempt, f"cause is {r.cause}, the last transition's is {last.cause}"
-            )
-        )
-    if last_attempt is not None and r.attempt != last_attempt:
-        found.append(
-            Disagreement(r.response_id, None, f"attempt is {r.attempt}, the history's last is {last_attempt}")
-        )
-    if final in ENDED_STATES and r.finished_at is None:
-        found.append(Disagreement(r.response_id, last_attempt, f"{final.value} without finished_at"))
-    return found
-
-
-def has_history(history: History) -> bool:
-    return any(a.transitions or a.events for a in history.attempts)
-
-
-async def verify_all(url: URL, store: ResponseStore) -> Report:
-    checked = without = 0
-    found: list[Disagreement] = []
-    async for response_id in _query.all_response_ids(url):
-        history = await store.history(response_id)
-        if history is None:  # pruned meanwhile
-            continue
-        checked += 1
-        if not has_history(history):
-            without += 1
-            continue
-        found.extend(check_history(history))
-    return Report(checked, without, found)
+from eventguard.verify import VerifyReport, verify
 
 
 @handled
@@ -204,30 +28,27 @@ def command(
     limit: Annotated[int, typer.Option("--show", min=1, help="Print at most this many disagreements.")] = 100,
 ) -> None:
     """Re-check every stored history against the state machine; exit 1 if any disagrees."""
-    url = resolve(database_url)
-
-    async def work(store: ResponseStore) -> Report:
-        return await verify_all(url, store)
-
-    with errors(url):
-        report = run(lambda: with_store(url, work))
+    report = store_command(database_url, verify)
     if json:
         emit_json(
             {
                 "checked": report.checked,
                 "without_history": report.without_history,
                 "disagreements": [asdict(d) for d in report.disagreements],
-                "ok": not report.disagreements,
+                "ok": report.ok,
             }
         )
     else:
-        bad = len({d.response_id for d in report.disagreements})
-        note = f" ({report.without_history} without history: pruned)" if report.without_history else ""
-        if report.disagreements:
-            rows = [[d.response_id, d.attempt or "", d.problem] for d in report.disagreements[:limit]]
-            out.print(table("disagreements", ["response", "attempt", "problem"], rows))
-            say(f"checked {report.checked} responses{note}: {bad} disagree")
-        else:
-            say(f"checked {report.checked} responses{note}: no disagreement")
-    if report.disagreements:
+        _print(report, limit)
+    if not report.ok:
         raise typer.Exit(EXIT_FOUND)
+
+
+def _print(report: VerifyReport, limit: int) -> None:
+    note = f" ({report.without_history} without history: pruned)" if report.without_history else ""
+    if report.ok:
+        say(f"checked {report.checked} responses{note}: no disagreement")
+        return
+    rows = [[d.response_id, d.attempt or "", d.problem] for d in report.disagreements[:limit]]
+    out.print(table("disagreements", ["response", "attempt", "problem"], rows))
+    say(f"checked {report.checked} responses{note}: {report.disagreeing} disagree")

@@ -1,0 +1,232 @@
+"""Re-check what the sink stored: every history replayed through the lifecycle state machine.
+
+:func:`verify` is what ``eventguard verify`` runs (the command only prints the report). For each
+response and attempt, the stored transitions are replayed through
+:meth:`eventguard.Lifecycle.transition` (the same checks the guard ran when it recorded them), the
+stored lifecycle events are read as the guard reads them, and the three are compared with the
+response row: every way a response's transitions, events and status disagree is a
+:class:`Disagreement` in the returned :class:`VerifyReport`.
+
+``check_history`` does the same for one :class:`~eventguard.store.History` already read, without I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from eventguard._records import Attempt, History, TransitionRecord
+from eventguard.errors import IllegalTransition
+from eventguard.events import (
+    LIFECYCLE_KINDS,
+    Kind,
+    LifecycleEventError,
+    ResponseCompleted,
+    ResponseFailed,
+    ResponseIncomplete,
+    parse_lifecycle_event,
+    read_terminal,
+)
+from eventguard.lifecycle import ALLOWED_TRANSITIONS, ENDED_STATES, Lifecycle, State
+from eventguard.sink.tables import responses
+from eventguard.store import ResponseStore
+
+__all__ = ["Disagreement", "VerifyReport", "check_history", "verify"]
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """One way a stored response disagrees with itself: ``attempt`` is None for the row as a whole."""
+
+    response_id: str
+    attempt: int | None
+    problem: str
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What :func:`verify` found.
+
+    ``checked``: responses read; ``without_history``: of those, rows whose history was pruned (a kept
+    summary, nothing to replay); ``disagreements``: in insertion order of the responses.
+    """
+
+    checked: int
+    without_history: int
+    disagreements: tuple[Disagreement, ...]
+
+    @property
+    def ok(self) -> bool:
+        """No disagreement."""
+        return not self.disagreements
+
+    @property
+    def disagreeing(self) -> int:
+        """How many responses disagree."""
+        return len({d.response_id for d in self.disagreements})
+
+
+def _state(value: str) -> State | None:
+    try:
+        return State(value)
+    except ValueError:
+        return None
+
+
+def check_attempt(
+    response_id: str, attempt: Attempt
+) -> tuple[State | None, TransitionRecord | None, list[str]]:
+    """Replay one attempt; its final state, the transition that set it, and what disagrees."""
+    problems: list[str] = []
+    start = State.NEW if attempt.attempt == 1 else State.INTERRUPTED
+    lc = Lifecycle(state=start, attempt=attempt.attempt)
+    writer = sorted((t for t in attempt.transitions if t.idx >= 0), key=lambda t: t.idx)
+    marks = sorted((t for t in attempt.transitions if t.idx < 0), key=lambda t: -t.idx)  # -1 first
+    for expected, t in enumerate(writer):
+        if t.idx != expected:
+            problems.append(f"transition #{expected} is missing (next stored is #{t.idx})")
+            break
+    last: TransitionRecord | None = None
+    for t in writer:
+        src, dst = _state(t.from_state), _state(t.to_state)
+        if src is None or dst is None:
+            problems.append(f"transition #{t.idx} {t.from_state} -> {t.to_state}: unknown state")
+            continue
+        if src is not lc.state:
+            problems.append(
+                f"transition #{t.idx} starts at {src.value}, but the history was at {lc.state.value}"
+            )
+            lc.state = src
+        try:
+            lc.transition(dst, reason=t.reason)
+        except IllegalTransition as exc:
+            problems.append(f"transition #{t.idx}: {exc}")
+            lc.state = dst
+        last = t
+    final: State | None = lc.state if writer or attempt.attempt > 1 else None
+    for t in marks:  # written by `recover` for a row nobody wrote any more
+        src, dst = _state(t.from_state), _state(t.to_state)
+        if src is None or dst is None or dst not in ALLOWED_TRANSITIONS.get(src, frozenset()):
+            problems.append(f"recover mark {t.from_state} -> {t.to_state} is not an allowed transition")
+        if last is None or t.at >= last.at:
+            final, last = dst, t
+    problems.extend(_check_events(attempt, final, writer))
+    return final, last, problems
+
+
+def _check_events(attempt: Attempt, final: State | None, writer: list[TransitionRecord]) -> list[str]:
+    problems: list[str] = []
+    reached = {t.to_state for t in writer}
+    terminal_seq: int | None = None
+    for event in attempt.events:
+        etype = event.type
+        if terminal_seq is not None:
+            problems.append(f"event #{event.seq} {etype} was stored after the terminal (#{terminal_seq})")
+            break
+        kind = LIFECYCLE_KINDS.get(etype or "")
+        if kind is None:
+            continue
+        if kind is not Kind.TERMINAL:
+            if not reached & {"queued", "in_progress"}:
+                problems.append(f"event #{event.seq} {etype} is stored, but no transition started the run")
+            continue
+        terminal_seq = event.seq
+        try:
+            parsed = parse_lifecycle_event(event.payload)
+        except LifecycleEventError as exc:
+            problems.append(f"event #{event.seq} {etype} does not validate: {exc}")
+            continue
+        assert isinstance(parsed, ResponseCompleted | ResponseIncomplete | ResponseFailed)
+        claim = read_terminal(parsed).state
+        if final is not None and claim is not final:
+            problems.append(
+                f"the stored terminal event #{event.seq} says {claim.value}, "
+                f"the transitions end {final.value}"
+            )
+    if terminal_seq is None and final in (State.COMPLETED, State.INCOMPLETE) and attempt.events:
+        has_all = attempt.events[-1].seq + 1 == len(attempt.events)
+        if has_all:
+            problems.append(f"ended {final.value} but no terminal event was stored")
+    return problems
+
+
+def check_history(history: History) -> list[Disagreement]:
+    """Every way this response's stored history disagrees with itself or with its status."""
+    r = history.response
+    found: list[Disagreement] = []
+    final: State | None = None
+    last: TransitionRecord | None = None
+    last_attempt: int | None = None
+    for attempt in history.attempts:
+        if not attempt.transitions and not attempt.events and not attempt.anomalies:
+            continue
+        state, transition, problems = check_attempt(r.response_id, attempt)
+        found.extend(Disagreement(r.response_id, attempt.attempt, p) for p in problems)
+        if state is not None:
+            final, last, last_attempt = state, transition, attempt.attempt
+    if final is None:
+        return found
+    if r.status != final.value:
+        found.append(
+            Disagreement(r.response_id, last_attempt, f"status is {r.status}, the history ends {final.value}")
+        )
+    elif final in ENDED_STATES and last is not None and (r.cause or None) != (last.cause or None):
+        found.append(
+            Disagreement(
+                r.response_id, last_attempt, f"cause is {r.cause}, the last transition's is {last.cause}"
+            )
+        )
+    if last_attempt is not None and r.attempt != last_attempt:
+        found.append(
+            Disagreement(r.response_id, None, f"attempt is {r.attempt}, the history's last is {last_attempt}")
+        )
+    if final in ENDED_STATES and r.finished_at is None:
+        found.append(Disagreement(r.response_id, last_attempt, f"{final.value} without finished_at"))
+    return found
+
+
+def has_history(history: History) -> bool:
+    return any(a.transitions or a.events for a in history.attempts)
+
+
+async def verify(store: ResponseStore, *, batch: int = 1000) -> VerifyReport:
+    """Replay every stored history in ``store`` through the lifecycle state machine.
+
+    Reads every response (in insertion order, ``batch`` ids at a time) and its history, and returns
+    what disagrees; it writes nothing. A response pruned while it runs is skipped; one whose
+    history was pruned (the row kept as a summary) is counted in ``without_history``.
+    """
+    checked = without = 0
+    found: list[Disagreement] = []
+    async for response_id in _response_ids(store, batch=batch):
+        history = await store.history(response_id)
+        if history is None:  # pruned meanwhile
+            continue
+        checked += 1
+        if not has_history(history):
+            without += 1
+            continue
+        found.extend(check_history(history))
+    return VerifyReport(checked, without, tuple(found))
+
+
+async def _response_ids(store: ResponseStore, *, batch: int) -> AsyncIterator[str]:
+    """Every stored response id (as stored), in insertion order, read a page of ``batch`` at a time.
+
+    ``ResponseStore`` lists ended responses only (``terminal_states``); verify needs every status,
+    so it pages the responses table itself, on the store's read-only (deferred) engine.
+    """
+    r = responses.c
+    reader = store._reader  # the store's engine for reads: no engine of its own
+    after = 0
+    while True:
+        async with reader.begin() as conn:
+            query = select(r.pk, r.response_id).where(r.pk > after).order_by(r.pk).limit(batch)
+            rows = (await conn.execute(query)).all()
+        if not rows:
+            return
+        for row in rows:
+            yield row.response_id
+        after = rows[-1].pk
