@@ -9,8 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from eventguard.lifecycle import Cause, State
+
+if TYPE_CHECKING:  # the guard's options object; decide() only reads it (no import cycle at run time)
+    from eventguard.guard.options import GuardOptions
+
+__all__ = ["TERMINAL_ENDINGS", "Decision", "Ending", "Flags", "Forward", "decide"]
 
 
 class Ending(Enum):
@@ -63,14 +69,6 @@ class Flags:
 
 
 @dataclass(frozen=True, slots=True)
-class Options:
-    on_cancel: str = "omit"  # "omit" | "emit"
-    keep_shutdown_completion: bool = False
-    #: Can a run stopped by shutdown be recovered (resilient background)? interrupted, else failed.
-    recoverable: bool = False
-
-
-@dataclass(frozen=True, slots=True)
 class Decision:
     forward: Forward
     state: State
@@ -80,8 +78,24 @@ class Decision:
     unverified: bool = False
 
 
-def decide(ending: Ending, flags: Flags, options: Options = Options()) -> Decision:
-    """Decide what to forward and how the lifecycle ends. Pure: same inputs, same answer."""
+def decide(ending: Ending, flags: Flags, options: GuardOptions | None = None) -> Decision:
+    """Decide what to forward and how the lifecycle ends. Pure: same inputs, same answer.
+
+    Of ``options`` (the guard's :class:`~eventguard.guard.options.GuardOptions`; None: the defaults)
+    it reads ``on_cancel``, ``keep_shutdown_completion`` and ``recoverable`` (None counts as False).
+    """
+    if options is None:
+        return _decide(ending, flags, "omit", keep=False, recoverable=False)
+    return _decide(
+        ending,
+        flags,
+        options.on_cancel,
+        keep=options.keep_shutdown_completion,
+        recoverable=bool(options.recoverable),
+    )
+
+
+def _decide(ending: Ending, flags: Flags, on_cancel: str, *, keep: bool, recoverable: bool) -> Decision:
     if ending is Ending.RAISED_BASE:
         # ResponseExitForRecovery and friends pass through untouched; the run may come back.
         return Decision(
@@ -90,15 +104,15 @@ def decide(ending: Ending, flags: Flags, options: Options = Options()) -> Decisi
 
     if flags.client_cancelled:
         # The host has decided: the response is cancelled, whatever the inner stream says.
-        emit = options.on_cancel == "emit" and ending not in _RAISED
+        emit = on_cancel == "emit" and ending not in _RAISED
         forward = Forward.CANCELLED if emit else Forward.NOTHING
         return Decision(forward, State.CANCELLED, Cause.CLIENT_CANCEL, f"client cancel; inner {ending.value}")
 
     if ending in TERMINAL_ENDINGS:
-        return _decide_terminal(ending, flags, options)
+        return _decide_terminal(ending, flags, keep=keep)
 
     if flags.shutdown or flags.process_exiting:
-        state = State.INTERRUPTED if options.recoverable else State.FAILED
+        state = State.INTERRUPTED if recoverable else State.FAILED
         forward = Forward.NOTHING
         return Decision(forward, state, Cause.SHUTDOWN, f"shutdown; inner {ending.value}")
 
@@ -130,9 +144,9 @@ def decide(ending: Ending, flags: Flags, options: Options = Options()) -> Decisi
 _RAISED = frozenset({Ending.RAISED, Ending.RAISED_CANCELLED, Ending.RAISED_BASE})
 
 
-def _decide_terminal(ending: Ending, flags: Flags, options: Options) -> Decision:
+def _decide_terminal(ending: Ending, flags: Flags, *, keep: bool) -> Decision:
     if ending is Ending.COMPLETED and flags.shutdown:
-        if options.keep_shutdown_completion:
+        if keep:
             return Decision(
                 Forward.PASS,
                 State.COMPLETED,

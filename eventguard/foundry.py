@@ -24,6 +24,7 @@ This is the only module of the package that imports ``agent_framework`` / ``azur
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, cast
 
 from agent_framework_foundry_hosting import ResponsesHostServer
 
-from eventguard.guard import Guard, guard, info_from_context
+from eventguard.guard import Guard, GuardOptions, info_from_context
 from eventguard.lifecycle import ResponseInfo
 
 if TYPE_CHECKING:
@@ -101,14 +102,15 @@ class GuardedResponses:
         **kwargs: Any,
     ) -> None:
         self._eventguard_sink: Sink | None = self.eventguard_sink if sink is _UNSET else sink
-        self._eventguard_on_cancel: OnCancel = self.eventguard_on_cancel if on_cancel is _UNSET else on_cancel
-        self._eventguard_cancel_grace: float | None = (
-            self.eventguard_cancel_grace if cancel_grace is _UNSET else cancel_grace
-        )
-        self._eventguard_keep_completion: bool = (
-            self.eventguard_keep_shutdown_completion
-            if keep_shutdown_completion is _UNSET
-            else keep_shutdown_completion
+        #: The options of every guard of this server (``recoverable`` is set per response).
+        self._eventguard_options = GuardOptions(
+            on_cancel=self.eventguard_on_cancel if on_cancel is _UNSET else on_cancel,
+            cancel_grace=self.eventguard_cancel_grace if cancel_grace is _UNSET else cancel_grace,
+            keep_shutdown_completion=(
+                self.eventguard_keep_shutdown_completion
+                if keep_shutdown_completion is _UNSET
+                else keep_shutdown_completion
+            ),
         )
         self._eventguard_on_guard = on_guard
         self._eventguard_guards: OrderedDict[str, Guard] = OrderedDict()
@@ -128,6 +130,14 @@ class GuardedResponses:
         lifespan = getattr(router, "lifespan_context", None)
         if lifespan is not None:
             router.lifespan_context = _noting_shutdown(lifespan, self._eventguard_exiting)  # type: ignore[union-attr]
+
+    @property
+    def _eventguard_on_cancel(self) -> OnCancel:
+        return self._eventguard_options.on_cancel
+
+    @property
+    def _eventguard_cancel_grace(self) -> float | None:
+        return self._eventguard_options.cancel_grace
 
     def request_shutdown(self) -> None:
         """The host's ``request_shutdown()`` (call it from your own SIGTERM handler), noted by the guards."""
@@ -155,15 +165,12 @@ class GuardedResponses:
         info = response_info(self, context)
         recoverable = bool(info.background and info.store and getattr(self, "_resilient_background", False))
         inner = cast(Any, super())._handle_response(request, context, cancellation_signal)
-        g = guard(
+        g = Guard(
             inner,
             cancellation_signal,
+            dataclasses.replace(self._eventguard_options, recoverable=recoverable),
             context=context,
             sink=self._eventguard_sink,
-            on_cancel=self._eventguard_on_cancel,
-            cancel_grace=self._eventguard_cancel_grace,
-            keep_shutdown_completion=self._eventguard_keep_completion,
-            recoverable=recoverable,
             info=info,
             process_shutdown=self._eventguard_exiting,
         )

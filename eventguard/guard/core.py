@@ -31,7 +31,7 @@ from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Mapping
 from types import AsyncGeneratorType, TracebackType
 from typing import Any, Final, Literal, cast
 
-from eventguard.decision import Decision, Ending, Flags, Forward, Options, decide
+from eventguard.decision import Decision, Ending, Flags, Forward, decide
 from eventguard.errors import (
     GuardAlreadyUsed,
     GuardOutsideLoop,
@@ -52,6 +52,7 @@ from eventguard.events import (
     read_terminal,
 )
 from eventguard.guard.host import CancellationSignal, Host, info_from_context
+from eventguard.guard.options import GuardOptions
 from eventguard.guard.owner import InnerStream, keep, spawn
 from eventguard.guard.watchdog import waiting_task
 from eventguard.lifecycle import AnomalyKind, Cause, ErrorInfo, Lifecycle, ResponseInfo, State
@@ -72,6 +73,7 @@ _OUTSIDE_LOOP: Final = (
 )
 #: Endings a lifecycle cannot reach without having started (see Guard._apply).
 _NEEDS_START: Final = frozenset({State.COMPLETED, State.INCOMPLETE})
+_DEFAULTS: Final = GuardOptions()
 
 
 def guard(
@@ -100,18 +102,21 @@ def guard(
     finishing (cancelled, abandoned, cut off) was stopped by shutdown even when the host never told
     this response, as it does not tell background runs. See the README for the whole table.
     """
-    return Guard(
-        stream,
-        cancellation_signal,
-        context=context,
-        sink=sink,
+    options = GuardOptions(
         on_cancel=on_cancel,
         cancel_grace=cancel_grace,
         keep_shutdown_completion=keep_shutdown_completion,
         strict=strict,
         recoverable=recoverable,
-        info=info,
         flush_timeout=flush_timeout,
+    )
+    return Guard(
+        stream,
+        cancellation_signal,
+        options,
+        context=context,
+        sink=sink,
+        info=info,
         process_shutdown=process_shutdown,
     )
 
@@ -124,9 +129,7 @@ class Guard:
         "_cancelling_before",
         "_closing",
         "_finished",
-        "_flush_timeout",
         "_gen",
-        "_grace",
         "_host",
         "_hot",
         "_inner",
@@ -139,7 +142,6 @@ class Guard:
         "_slow",
         "_snapshot",
         "_stop_after",
-        "_strict",
         "_stuck_handled",
         "_stuck_sent",
         "_stuck_task",
@@ -154,27 +156,21 @@ class Guard:
         self,
         stream: AsyncIterable[Any],
         cancellation_signal: CancellationSignal,
+        options: GuardOptions = _DEFAULTS,
         *,
         context: Any = None,
         sink: Sink | None = None,
-        on_cancel: Literal["omit", "emit"] = "omit",
-        cancel_grace: float | None = 10.0,
-        keep_shutdown_completion: bool = False,
-        strict: bool = False,
-        recoverable: bool | None = None,
         info: ResponseInfo | None = None,
-        flush_timeout: float = 5.0,
         process_shutdown: object = None,
     ) -> None:
+        """Built by :func:`guard` from its keyword arguments; built directly with a :class:`GuardOptions`
+        (``GuardedResponses`` does). ``options.recoverable=None`` is resolved here, by the host adapter."""
         aiter_ = getattr(stream, "__aiter__", None)
         if aiter_ is None:
             raise NotAsyncIterable(f"guard() needs an async iterable, got {type(stream).__name__}")
         if not callable(getattr(cancellation_signal, "is_set", None)):
             raise TypeError("cancellation_signal must have an is_set() method (an asyncio.Event, say)")
-        if on_cancel not in ("omit", "emit"):
-            raise ValueError(f"on_cancel must be 'omit' or 'emit', not {on_cancel!r}")
-        if cancel_grace is not None and cancel_grace < 0:
-            raise ValueError("cancel_grace must be None or >= 0")
+        options.check()
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -191,14 +187,10 @@ class Guard:
         #: The only reader of the host's context and signals (see host.py).
         self._host = host = Host(cancellation_signal, context, process_shutdown)
         info = info if info is not None else info_from_context(context)
-        if recoverable is None:
-            recoverable = host.recoverable(info)
-        self._options = Options(
-            on_cancel=on_cancel, keep_shutdown_completion=keep_shutdown_completion, recoverable=recoverable
-        )
-        self._grace = cancel_grace
-        self._strict = strict
-        self._flush_timeout = flush_timeout
+        if options.recoverable is None:
+            options = dataclasses.replace(options, recoverable=host.recoverable(info))
+        #: The guard's options, ``recoverable`` resolved: what the decision table reads.
+        self._options = options
         #: The live lifecycle model of this response.
         self.lifecycle = Lifecycle.for_recovery(info) if info.is_recovery else Lifecycle(info=info)
         self._rec: Recorder | None = sink.recorder(self.lifecycle) if sink is not None else None
@@ -316,7 +308,7 @@ class Guard:
         there (``GeneratorExit`` at phase 2): the inner stream is closed and the ending recorded.
         """
         self._used = True
-        grace = self._grace
+        grace = self._options.cancel_grace
         if grace is not None or self._rec is not None:
             loop = self._check_loop()
             if grace is not None:
@@ -445,12 +437,12 @@ class Guard:
         # Bounded: a database that hangs cannot hang the host; the write goes on in the background.
         closing = spawn(rec.close())
         try:
-            await asyncio.wait_for(asyncio.shield(closing), self._flush_timeout)
+            await asyncio.wait_for(asyncio.shield(closing), self._options.flush_timeout)
         except TimeoutError:
             log.warning(
                 "eventguard: final flush of %s still running after %.1fs; continuing in the background",
                 self.lifecycle.info.response_id,
-                self._flush_timeout,
+                self._options.flush_timeout,
             )
 
     # -- endings ---------------------------------------------------------------------------------
@@ -823,7 +815,7 @@ class Guard:
         )
         if self._rec is not None:
             self._rec.changed()
-        if strict and self._strict:
+        if strict and self._options.strict:
             raise InvalidEvent(reason)
 
     # -- causes and the watchdog ---------------------------------------------------------------

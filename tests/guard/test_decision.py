@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from eventguard import Cause, State
-from eventguard.decision import Ending, Flags, Forward, Options, decide
+from eventguard.decision import Ending, Flags, Forward, decide
+from eventguard.guard.options import GuardOptions
 
 NONE = Flags()
 STEERING = Flags(signal=True)
@@ -15,51 +16,52 @@ SHUTDOWN = Flags(shutdown=True)
 SHUTDOWN_SIGNALLED = Flags(signal=True, shutdown=True)
 CLIENT_CANCEL = Flags(signal=True, client_cancelled=True)
 EXITING = Flags(process_exiting=True)  # SIGTERM reached the process; the host did not tell this run
-EMIT = Options(on_cancel="emit")
-KEEP = Options(keep_shutdown_completion=True)
-RECOVERABLE = Options(recoverable=True)
+DEFAULT = GuardOptions()
+EMIT = GuardOptions(on_cancel="emit")
+KEEP = GuardOptions(keep_shutdown_completion=True)
+RECOVERABLE = GuardOptions(recoverable=True)
 
 ROWS = [
     # (inner ending, flags then, options, forwarded, lifecycle state, cause)
     # The process is exiting: it explains an ending that is not a terminal, never replaces a terminal.
-    (Ending.RAISED_CANCELLED, EXITING, Options(), Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.RAISED_CANCELLED, EXITING, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
     (Ending.RAISED_CANCELLED, EXITING, RECOVERABLE, Forward.NOTHING, State.INTERRUPTED, Cause.SHUTDOWN),
-    (Ending.NO_TERMINAL, EXITING, Options(), Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
-    (Ending.STUCK, EXITING, Options(), Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
-    (Ending.ABANDONED, EXITING, Options(), Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
-    (Ending.CLOSED_EARLY, EXITING, Options(), Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
-    (Ending.COMPLETED, EXITING, Options(), Forward.PASS, State.COMPLETED, Cause.NORMAL),
-    (Ending.INCOMPLETE, EXITING, Options(), Forward.PASS, State.INCOMPLETE, Cause.NORMAL),
-    (Ending.FAILED, EXITING, Options(), Forward.PASS, State.FAILED, Cause.ERROR),
+    (Ending.NO_TERMINAL, EXITING, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.STUCK, EXITING, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.ABANDONED, EXITING, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.CLOSED_EARLY, EXITING, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.COMPLETED, EXITING, DEFAULT, Forward.PASS, State.COMPLETED, Cause.NORMAL),
+    (Ending.INCOMPLETE, EXITING, DEFAULT, Forward.PASS, State.INCOMPLETE, Cause.NORMAL),
+    (Ending.FAILED, EXITING, DEFAULT, Forward.PASS, State.FAILED, Cause.ERROR),
     (
         Ending.RAISED_CANCELLED,
         Flags(signal=True, client_cancelled=True, process_exiting=True),
-        Options(),
+        DEFAULT,
         Forward.NOTHING,
         State.CANCELLED,
         Cause.CLIENT_CANCEL,
     ),
-    (Ending.COMPLETED, NONE, Options(), Forward.PASS, State.COMPLETED, Cause.NORMAL),
-    (Ending.INCOMPLETE, NONE, Options(), Forward.PASS, State.INCOMPLETE, Cause.NORMAL),
-    (Ending.COMPLETED, STEERING, Options(), Forward.PASS, State.COMPLETED, Cause.STEERING),
-    (Ending.INCOMPLETE, STEERING, Options(), Forward.PASS, State.INCOMPLETE, Cause.STEERING),
-    (Ending.COMPLETED, SHUTDOWN, Options(), Forward.FAILED_SHUTDOWN, State.FAILED, Cause.SHUTDOWN),
-    (Ending.COMPLETED, SHUTDOWN_SIGNALLED, Options(), Forward.FAILED_SHUTDOWN, State.FAILED, Cause.SHUTDOWN),
+    (Ending.COMPLETED, NONE, DEFAULT, Forward.PASS, State.COMPLETED, Cause.NORMAL),
+    (Ending.INCOMPLETE, NONE, DEFAULT, Forward.PASS, State.INCOMPLETE, Cause.NORMAL),
+    (Ending.COMPLETED, STEERING, DEFAULT, Forward.PASS, State.COMPLETED, Cause.STEERING),
+    (Ending.INCOMPLETE, STEERING, DEFAULT, Forward.PASS, State.INCOMPLETE, Cause.STEERING),
+    (Ending.COMPLETED, SHUTDOWN, DEFAULT, Forward.FAILED_SHUTDOWN, State.FAILED, Cause.SHUTDOWN),
+    (Ending.COMPLETED, SHUTDOWN_SIGNALLED, DEFAULT, Forward.FAILED_SHUTDOWN, State.FAILED, Cause.SHUTDOWN),
     (Ending.COMPLETED, SHUTDOWN, KEEP, Forward.PASS, State.COMPLETED, Cause.SHUTDOWN),
-    (Ending.COMPLETED, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
-    (Ending.INCOMPLETE, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
-    (Ending.FAILED, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
-    (Ending.CANCELLED, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.COMPLETED, CLIENT_CANCEL, DEFAULT, Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.INCOMPLETE, CLIENT_CANCEL, DEFAULT, Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.FAILED, CLIENT_CANCEL, DEFAULT, Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.CANCELLED, CLIENT_CANCEL, DEFAULT, Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
     (Ending.COMPLETED, CLIENT_CANCEL, EMIT, Forward.CANCELLED, State.CANCELLED, Cause.CLIENT_CANCEL),
-    (Ending.FAILED, NONE, Options(), Forward.PASS, State.FAILED, Cause.ERROR),
-    (Ending.FAILED, SHUTDOWN, Options(), Forward.PASS, State.FAILED, Cause.SHUTDOWN),
-    (Ending.NO_TERMINAL, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
-    (Ending.NO_TERMINAL, SHUTDOWN, Options(), Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.FAILED, NONE, DEFAULT, Forward.PASS, State.FAILED, Cause.ERROR),
+    (Ending.FAILED, SHUTDOWN, DEFAULT, Forward.PASS, State.FAILED, Cause.SHUTDOWN),
+    (Ending.NO_TERMINAL, CLIENT_CANCEL, DEFAULT, Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.NO_TERMINAL, SHUTDOWN, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
     (Ending.NO_TERMINAL, SHUTDOWN, RECOVERABLE, Forward.NOTHING, State.INTERRUPTED, Cause.SHUTDOWN),
     (
         Ending.NO_TERMINAL,
         NONE,
-        Options(),
+        DEFAULT,
         Forward.FAILED_MISSING_TERMINAL,
         State.FAILED,
         Cause.MISSING_TERMINAL,
@@ -67,40 +69,40 @@ ROWS = [
     (
         Ending.NO_TERMINAL,
         STEERING,
-        Options(),
+        DEFAULT,
         Forward.FAILED_MISSING_TERMINAL,
         State.FAILED,
         Cause.MISSING_TERMINAL,
     ),
-    (Ending.RAISED, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.RAISED, CLIENT_CANCEL, DEFAULT, Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
     (Ending.RAISED, CLIENT_CANCEL, EMIT, Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
-    (Ending.RAISED, NONE, Options(), Forward.NOTHING, State.FAILED, Cause.ERROR),
-    (Ending.RAISED_CANCELLED, NONE, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.RAISED, NONE, DEFAULT, Forward.NOTHING, State.FAILED, Cause.ERROR),
+    (Ending.RAISED_CANCELLED, NONE, DEFAULT, Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
     (
         Ending.RAISED_CANCELLED,
         CLIENT_CANCEL,
-        Options(),
+        DEFAULT,
         Forward.NOTHING,
         State.CANCELLED,
         Cause.CLIENT_CANCEL,
     ),
-    (Ending.RAISED_CANCELLED, SHUTDOWN, Options(), Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.RAISED_CANCELLED, SHUTDOWN, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
     (Ending.RAISED_CANCELLED, SHUTDOWN, RECOVERABLE, Forward.NOTHING, State.INTERRUPTED, Cause.SHUTDOWN),
-    (Ending.RAISED_BASE, NONE, Options(), Forward.NOTHING, State.INTERRUPTED, Cause.RECOVERY),
-    (Ending.RAISED_BASE, CLIENT_CANCEL, Options(), Forward.NOTHING, State.INTERRUPTED, Cause.RECOVERY),
-    (Ending.RAISED_BASE, SHUTDOWN, Options(), Forward.NOTHING, State.INTERRUPTED, Cause.RECOVERY),
-    (Ending.ABANDONED, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
-    (Ending.STUCK, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
-    (Ending.STUCK, SHUTDOWN, Options(), Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
-    (Ending.STUCK, STEERING, Options(), Forward.FAILED_MISSING_TERMINAL, State.FAILED, Cause.STUCK),
-    (Ending.CLOSED_EARLY, NONE, Options(), Forward.NOTHING, State.FAILED, Cause.CLOSED_EARLY),
-    (Ending.CLOSED_EARLY, CLIENT_CANCEL, Options(), Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.RAISED_BASE, NONE, DEFAULT, Forward.NOTHING, State.INTERRUPTED, Cause.RECOVERY),
+    (Ending.RAISED_BASE, CLIENT_CANCEL, DEFAULT, Forward.NOTHING, State.INTERRUPTED, Cause.RECOVERY),
+    (Ending.RAISED_BASE, SHUTDOWN, DEFAULT, Forward.NOTHING, State.INTERRUPTED, Cause.RECOVERY),
+    (Ending.ABANDONED, CLIENT_CANCEL, DEFAULT, Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.STUCK, CLIENT_CANCEL, DEFAULT, Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
+    (Ending.STUCK, SHUTDOWN, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.STUCK, STEERING, DEFAULT, Forward.FAILED_MISSING_TERMINAL, State.FAILED, Cause.STUCK),
+    (Ending.CLOSED_EARLY, NONE, DEFAULT, Forward.NOTHING, State.FAILED, Cause.CLOSED_EARLY),
+    (Ending.CLOSED_EARLY, CLIENT_CANCEL, DEFAULT, Forward.NOTHING, State.CANCELLED, Cause.CLIENT_CANCEL),
 ]
 
 
 @pytest.mark.parametrize(("ending", "flags", "options", "forward", "state", "cause"), ROWS)
 def test_row(
-    ending: Ending, flags: Flags, options: Options, forward: Forward, state: State, cause: Cause
+    ending: Ending, flags: Flags, options: GuardOptions, forward: Forward, state: State, cause: Cause
 ) -> None:
     d = decide(ending, flags, options)
     assert (d.forward, d.state, d.cause) == (forward, state, cause)
@@ -118,12 +120,12 @@ def test_kept_shutdown_completion_is_flagged_unverified() -> None:
 
 def test_never_completed_after_a_client_cancel() -> None:
     for ending in Ending:
-        for options in (Options(), EMIT, KEEP, RECOVERABLE):
+        for options in (GuardOptions(), EMIT, KEEP, RECOVERABLE):
             for flags in (CLIENT_CANCEL, Flags(signal=True, client_cancelled=True, shutdown=True)):
                 assert decide(ending, flags, options).state is not State.COMPLETED
 
 
-@pytest.mark.parametrize("value", [Flags(), Options(), decide(Ending.COMPLETED, NONE)])
+@pytest.mark.parametrize("value", [Flags(), GuardOptions(), decide(Ending.COMPLETED, NONE)])
 def test_value_objects_are_frozen_and_slotted(value: object) -> None:
     # Flags are a snapshot of one moment; a decision is a verdict: neither may change afterwards.
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -133,4 +135,4 @@ def test_value_objects_are_frozen_and_slotted(value: object) -> None:
 
 def test_on_cancel_is_compared_by_value_not_identity() -> None:
     emit = "".join(["e", "mit"])  # equal to "emit", but not the interned literal
-    assert decide(Ending.COMPLETED, CLIENT_CANCEL, Options(on_cancel=emit)).forward is Forward.CANCELLED
+    assert decide(Ending.COMPLETED, CLIENT_CANCEL, GuardOptions(on_cancel=emit)).forward is Forward.CANCELLED

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import threading
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from eventguard import Cause, Guard, GuardAlreadyUsed, InvalidEvent, Lifecycle, State, guard
+from eventguard.guard import GuardOptions
 
 from .scripted import Scripted, block_ignoring_signal, event, make_context, stream_events, terminal
 
@@ -217,27 +219,35 @@ async def test_the_recorded_error_message_is_cut_at_500_characters(length: int, 
 def test_the_documented_final_flush_bound_is_five_seconds() -> None:
     # README: "The final flush to the sink is shielded and time-bounded (`flush_timeout`, 5 s)".
     assert inspect.signature(guard).parameters["flush_timeout"].default == 5.0
-    assert inspect.signature(Guard).parameters["flush_timeout"].default == 5.0
+    assert GuardOptions().flush_timeout == 5.0
 
 
 # -- options ---------------------------------------------------------------------------------------
 
 
-def test_guard_and_Guard_agree_on_every_default() -> None:
-    # guard() is the documented entry point; Guard(...) built directly must behave the same.
+def test_guard_and_GuardOptions_agree_on_every_default() -> None:
+    # guard() is the documented entry point; Guard(...) built with GuardOptions() must behave the same.
     outer = inspect.signature(guard).parameters
-    inner = inspect.signature(Guard).parameters
-    assert {k: p.default for k, p in outer.items()} == {k: p.default for k, p in inner.items()}
+    fields = {f.name: f.default for f in dataclasses.fields(GuardOptions)}
+    assert {k: outer[k].default for k in fields} == fields
+    assert inspect.signature(Guard).parameters["options"].default == GuardOptions()
     assert outer["cancel_grace"].default == 10.0  # README: cancel_grace=10.0
 
 
 def test_options_are_keyword_only() -> None:
-    for fn in (guard, Guard):
-        params = inspect.signature(fn).parameters
-        assert [n for n, p in params.items() if p.kind is not p.KEYWORD_ONLY] == [
-            "stream",
-            "cancellation_signal",
-        ]
+    params = inspect.signature(guard).parameters
+    assert [n for n, p in params.items() if p.kind is not p.KEYWORD_ONLY] == ["stream", "cancellation_signal"]
+    params = inspect.signature(Guard).parameters
+    assert [n for n, p in params.items() if p.kind is not p.KEYWORD_ONLY] == [
+        "stream",
+        "cancellation_signal",
+        "options",
+    ]
+
+
+def test_the_options_object_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        GuardOptions().cancel_grace = 1.0  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("grace", [-1.0, -0.5])
