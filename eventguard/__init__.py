@@ -1,9 +1,16 @@
 """eventguard: record what an agent server's response stream really did.
 
 The public surface is these names; every module behind them is an implementation detail.
+
+The guard, the lifecycle model, the decision table, the errors and the ``Recorder``/``Sink``
+protocols are imported with the package. The heavy parts (the SQL sink and the store, which load
+SQLAlchemy and Alembic) are imported on first use of one of their names, so
+``from eventguard import guard`` stays cheap.
 """
 
-from importlib.metadata import PackageNotFoundError
+import importlib as _importlib
+import typing as _typing
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
 from eventguard.decision import Decision, Ending, Flags, Forward, decide
@@ -31,20 +38,48 @@ from eventguard.lifecycle import (
     Usage,
 )
 from eventguard.recording import Recorder, Sink
-from eventguard.sink import (
-    EventFilter,
-    InvalidQueryError,
-    Redactor,
-    SchemaMismatchError,
-    SqlSink,
-    StorageError,
-)
-from eventguard.store import ResponseStore
+
+if _typing.TYPE_CHECKING:
+    from eventguard.sink import (
+        EventFilter,
+        InvalidQueryError,
+        Redactor,
+        SchemaMismatchError,
+        SqlSink,
+        StorageError,
+    )
+    from eventguard.store import ResponseStore
 
 try:
     __version__: str = _version("eventguard")
-except PackageNotFoundError:  # a source tree that was never installed
+except _PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
+
+#: The heavy names, each imported from its module on first use (see ``__getattr__``).
+_LAZY: dict[str, str] = {
+    "EventFilter": "eventguard.sink",
+    "InvalidQueryError": "eventguard.sink",
+    "Redactor": "eventguard.sink",
+    "ResponseStore": "eventguard.store",
+    "SchemaMismatchError": "eventguard.sink",
+    "SqlSink": "eventguard.sink",
+    "StorageError": "eventguard.sink",
+}
+
+
+def __getattr__(name: str) -> object:
+    """Import a heavy public name from its module on first use, then keep it in this module."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
