@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import weakref
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Mapping
 from types import AsyncGeneratorType, TracebackType
 from typing import Any, Final, Literal, cast
@@ -53,8 +52,8 @@ from eventguard.events import (
 )
 from eventguard.guard.host import CancellationSignal, Host, info_from_context
 from eventguard.guard.options import GuardOptions
-from eventguard.guard.owner import InnerStream, keep, spawn
-from eventguard.guard.watchdog import waiting_task
+from eventguard.guard.owner import InnerStream, spawn
+from eventguard.guard.watchdog import STUCK_MESSAGE, Watchdog, waiting_task
 from eventguard.lifecycle import AnomalyKind, Cause, ErrorInfo, Lifecycle, ResponseInfo, State
 from eventguard.recording import Recorder, Sink
 
@@ -66,7 +65,6 @@ log = logging.getLogger("eventguard.guard")
 #: Returned by the slow path for an event that is not forwarded.
 _DROP: Final = object()
 _PRIMITIVES: Final = (str, bytes, bytearray, int, float, bool, list, tuple, set, type(None))
-_STUCK_MESSAGE: Final = "eventguard: inner stream ignored the cancellation signal past cancel_grace"
 _OUTSIDE_LOOP: Final = (
     "build the guard inside the coroutine that iterates it: guard() {what}, and a guard is bound to the "
     "event loop it was built in"
@@ -126,7 +124,6 @@ class Guard:
 
     __slots__ = (
         "__weakref__",
-        "_cancelling_before",
         "_closing",
         "_finished",
         "_gen",
@@ -142,10 +139,6 @@ class Guard:
         "_slow",
         "_snapshot",
         "_stop_after",
-        "_stuck_handled",
-        "_stuck_sent",
-        "_stuck_task",
-        "_task",
         "_terminal_seen",
         "_used",
         "_watchdog",
@@ -206,19 +199,13 @@ class Guard:
         self._terminal_seen = False
         self._finished = False
         self._snapshot: dict[str, Any] | None = None
-        #: The task that took the first step: where the watchdog looks first for the waiting task.
-        self._task: asyncio.Task[Any] | None = None
-        self._watchdog: asyncio.Task[None] | None = None
-        self._stuck_sent = False
-        self._stuck_handled = False
-        #: The task the watchdog cancelled out of the inner stream's await, while that is handled.
-        self._stuck_task: asyncio.Task[Any] | None = None
+        #: The stuck-stream watchdog: its task, and the books of the cancel it may send (watchdog.py).
+        self._watchdog = Watchdog()
         #: The ending the guard recorded on its own (the watchdog: stuck, abandoned): final. Nothing
         #: the inner stream produces afterwards is forwarded (see _after_own_ending).
         self._own_ending: Decision | None = None
         #: How the consumer is closing the guard while its generator unwinds (see _end_closed).
         self._closing: Ending | None = None
-        self._cancelling_before = 0
 
     @property
     def inner_closed(self) -> int:
@@ -312,17 +299,9 @@ class Guard:
         if grace is not None or self._rec is not None:
             loop = self._check_loop()
             if grace is not None:
-                # The task that takes the first step: the watchdog looks there first for the task
-                # waiting on the inner stream (a later step may run in another task: see waiting_task).
-                self._task = asyncio.current_task()
                 # It holds the guard only by a weak reference: a guard dropped without being closed is
-                # collected and finalised like an async generator, and that cancels the watchdog. The
-                # watchdog itself is kept alive (_BACKGROUND) until it ends, so that it is never
-                # collected pending along with a dropped guard and the signal it waits on.
-                self._watchdog = watchdog = loop.create_task(
-                    Guard._watch(weakref.ref(self), self._host, grace)
-                )
-                keep(watchdog)
+                # collected and finalised like an async generator, and that cancels the watchdog.
+                self._watchdog.start(loop, self, self._host, grace)
         rec = self._rec
         # Plain str types already seen to need nothing but forwarding; emptied (see _go_slow) once
         # every event must take the slow path: after the terminal, or when the guard is ending.
@@ -392,9 +371,7 @@ class Guard:
         self._finished = True
         self._go_slow()
         self.lifecycle.events_forwarded = self._n
-        watchdog = self._watchdog
-        if watchdog is not None and watchdog is not asyncio.current_task():
-            watchdog.cancel()
+        self._watchdog.stop()
         try:
             if close_inner:
                 await self._inner.close()
@@ -484,12 +461,8 @@ class Guard:
             return out
         if isinstance(exc, asyncio.CancelledError):
             task = asyncio.current_task()
-            if self._stuck_sent and not self._stuck_handled and task is not None and task is self._stuck_task:
-                self._stuck_handled = True
-                self._stuck_task = None
-                # Undo our own cancel only; if someone else cancelled too, theirs stands and propagates.
-                if task.uncancel() <= self._cancelling_before:
-                    return await self._end_stuck()
+            if self._watchdog.take_back(task):
+                return await self._end_stuck()  # our own stuck-stream cancel, taken back
             if not self.lifecycle.ended:
                 self._apply(decide(Ending.RAISED_CANCELLED, self._flags(), self._options))
             await self._finish()
@@ -498,7 +471,7 @@ class Guard:
         raise exc
 
     async def _end_stuck(self) -> Any:
-        self.lifecycle.note(AnomalyKind.STUCK, _STUCK_MESSAGE, event_index=self._n)
+        self.lifecycle.note(AnomalyKind.STUCK, STUCK_MESSAGE, event_index=self._n)
         out: Any = _DROP
         if not self._terminal_seen and not self.lifecycle.terminal:
             out = self._end_with(decide(Ending.STUCK, self._flags(), self._options))
@@ -578,7 +551,7 @@ class Guard:
 
     def _slow_event(self, event: Any) -> Any:
         etype = event_type_of(event)
-        if self._stuck_sent and not self._stuck_handled:
+        if self._watchdog.cancel_pending:
             return self._stuck_cancel_swallowed(event, etype)
         if self._own_ending is not None:
             return self._after_own_ending(event, etype)
@@ -649,22 +622,18 @@ class Guard:
             event,
         )
         out = self._own_terminal()
-        if self._stuck_handled:
+        if self._watchdog.handled:
             self._inner.close_in_background()  # it may be as slow to close as it was to return
         self._stop_after = True
         return out
 
     def _stuck_cancel_swallowed(self, event: Any, etype: object) -> Any:
         # The inner stream swallowed the cancel we sent it after cancel_grace: take it back and end.
-        self._stuck_handled = True
+        self._watchdog.give_back()
         self._settle()
-        task = self._stuck_task
-        self._stuck_task = None
-        if task is not None and task.cancelling() > self._cancelling_before:
-            task.uncancel()
         self.lifecycle.note(
             AnomalyKind.STUCK,
-            f"{_STUCK_MESSAGE}; it swallowed the cancel and produced {etype!r}, not forwarded",
+            f"{STUCK_MESSAGE}; it swallowed the cancel and produced {etype!r}, not forwarded",
             event_type=etype if isinstance(etype, str) else None,
             event_index=self._n,
             payload=event,
@@ -823,24 +792,6 @@ class Guard:
     def _flags(self) -> Flags:
         return self._host.flags()
 
-    @staticmethod
-    async def _watch(ref: weakref.ref[Guard], host: Host, grace: float) -> None:
-        """Once a cause is signalled, give the stream ``grace`` seconds, then stop waiting for it.
-
-        Holds the guard only by ``ref``, and only between its awaits: a guard dropped without being
-        closed is collected, and its generator's finaliser cancels this task.
-        """
-        await host.wait_for_cause(ref)
-        await asyncio.sleep(grace)
-        g = ref()
-        if g is None or not g._on_grace(grace):
-            return
-        del g
-        await asyncio.sleep(grace)
-        g = ref()
-        if g is not None:
-            g._on_second_grace()
-
     def _on_grace(self, grace: float) -> bool:
         """``grace`` after the cause. True when a stuck await was cancelled and is to be checked again."""
         if self._finished or self._own_ending is not None:
@@ -849,14 +800,14 @@ class Guard:
         if gen is not None and gen.ag_await is not None:
             # Suspended inside an await of the hot loop: that is the inner stream's __anext__, in
             # whichever task took this step (each step may be a task of its own: wait_for(anext(it))).
-            task = waiting_task(gen, self._task)
+            task = waiting_task(gen, self._watchdog.first_task)
             if task is None:
                 # No task is seen waiting through the guard (a step driven by hand, or through an
                 # awaitable the guard cannot look into). Never cancel a task that is not inside the
                 # guard: record the ending without interrupting anyone.
-                self._stuck_handled = True
+                self._watchdog.handled = True
                 self._record_stuck(
-                    f"{_STUCK_MESSAGE}; no task waiting in the guard could be found to interrupt: ending "
+                    f"{STUCK_MESSAGE}; no task waiting in the guard could be found to interrupt: ending "
                     "recorded without it, the consumer stays blocked until the inner stream returns"
                 )
                 return False
@@ -866,11 +817,8 @@ class Guard:
                 return False
             # Stuck in the inner stream's await: cancel just that await, as asyncio.timeout does,
             # and take the cancel back when it reaches the guard (see _on_inner_exit).
-            self._cancelling_before = task.cancelling()
-            self._stuck_sent = True
-            self._stuck_task = task
             self._go_slow()
-            task.cancel(msg=_STUCK_MESSAGE)
+            self._watchdog.cancel_stuck(task)
             return True
         flags = self._flags()
         if flags.client_cancelled or flags.shutdown:
@@ -887,21 +835,24 @@ class Guard:
 
     def _on_second_grace(self) -> None:
         gen = self._gen
-        task = self._stuck_task
-        if self._finished or self._stuck_handled or gen is None or gen.ag_await is None or task is None:
+        watchdog = self._watchdog
+        if (
+            self._finished
+            or watchdog.handled
+            or gen is None
+            or gen.ag_await is None
+            or watchdog.stuck_task is None
+        ):
             return
         # The inner stream swallowed the cancel and is waiting again. Nothing short of running
         # every pull in a task of its own (a cost on every event) can end that wait; record the
         # ending now, and give the task back the cancel count it had.
-        self._stuck_handled = True
-        self._stuck_task = None
-        if task.cancelling() > self._cancelling_before:
-            task.uncancel()
+        watchdog.give_back()
         self._record_stuck(
-            f"{_STUCK_MESSAGE}; it swallowed the cancel and is still waiting: ending recorded "
+            f"{STUCK_MESSAGE}; it swallowed the cancel and is still waiting: ending recorded "
             "without it, the consumer stays blocked until the inner stream returns"
         )
-        log.warning("eventguard: %s", _STUCK_MESSAGE + " and swallowed the cancel")
+        log.warning("eventguard: %s", STUCK_MESSAGE + " and swallowed the cancel")
 
     def _record_stuck(self, reason: str) -> None:
         """Record a stuck ending while the consumer is still blocked in the inner stream's await."""

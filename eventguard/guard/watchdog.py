@@ -1,8 +1,18 @@
-"""The watchdog's search for the task to interrupt: the one whose await runs through the guard's step.
+"""The watchdog of one guard: its task, the stuck-stream cancel it sends, and that cancel's take-back.
 
-Read when the watchdog fires only, never on the hot path. A step may run in a task of its own (as under
+Once a cause is signalled it gives the stream ``cancel_grace`` seconds, then asks the guard what to do
+(``_on_grace``: the guard decides, the watchdog only keeps time and the cancel's books). It holds the
+guard only by a weak reference, and only between its awaits: a guard dropped without being closed is
+collected, and its generator's finaliser cancels the watchdog.
+
+The task to interrupt is the one whose await runs through the guard's step, found when the watchdog
+fires, never on the hot path. A step may run in a task of its own (as under
 ``asyncio.wait_for(anext(it), t)`` or the host's wind-down loop): the task that took the first step is
 looked at first, then every task of the loop; a task that merely awaits another task is not inside it.
+
+The take-back follows ``asyncio.timeout``: the task's ``cancelling()`` count is noted before the
+cancel, and only our own cancel is undone; when an outside cancel arrives at the same time, that one
+wins and propagates.
 """
 
 from __future__ import annotations
@@ -10,11 +20,108 @@ from __future__ import annotations
 import asyncio
 import gc
 import sys
+import weakref
 from collections.abc import AsyncGenerator
 from types import AsyncGeneratorType, CoroutineType, GeneratorType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
-__all__ = ["awaits_through", "waiting_task"]
+from eventguard.guard.owner import keep
+
+if TYPE_CHECKING:
+    from eventguard.guard.host import Host
+
+__all__ = ["STUCK_MESSAGE", "Watchdog", "awaits_through", "waiting_task"]
+
+STUCK_MESSAGE: Final = "eventguard: inner stream ignored the cancellation signal past cancel_grace"
+
+
+class Watched(Protocol):
+    """What the watchdog asks of its guard when the grace has run out (the guard decides)."""
+
+    def _on_grace(self, grace: float) -> bool: ...
+
+    def _on_second_grace(self) -> None: ...
+
+
+class Watchdog:
+    """The stuck-stream watchdog of one guard, and the books of the one cancel it may send."""
+
+    __slots__ = ("_cancelling_before", "first_task", "handled", "sent", "stuck_task", "task")
+
+    def __init__(self) -> None:
+        #: The watchdog's own task, once started.
+        self.task: asyncio.Task[None] | None = None
+        #: The task that took the first step: where the waiting task is looked for first.
+        self.first_task: asyncio.Task[Any] | None = None
+        #: The stuck-stream cancel was sent / has been dealt with (taken back, or the ending recorded).
+        self.sent = False
+        self.handled = False
+        #: The task the stuck-stream cancel was sent to, while that is handled.
+        self.stuck_task: asyncio.Task[Any] | None = None
+        self._cancelling_before = 0
+
+    def start(self, loop: asyncio.AbstractEventLoop, guard: Watched, host: Host, grace: float) -> None:
+        """Start watching, from the guard's first step (the current task is where it looks first)."""
+        self.first_task = asyncio.current_task()
+        # The watchdog task is kept alive (owner.keep) until it ends, so that it is never collected
+        # pending along with a dropped guard and the signal it waits on.
+        self.task = task = loop.create_task(Watchdog._watch(weakref.ref(guard), host, grace))
+        keep(task)
+
+    def stop(self) -> None:
+        """The guard is ending: stop watching (unless this is the watchdog's own call)."""
+        task = self.task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    @staticmethod
+    async def _watch(ref: weakref.ref[Watched], host: Host, grace: float) -> None:
+        """Once a cause is signalled, give the stream ``grace`` seconds, then stop waiting for it.
+
+        Holds the guard only by ``ref``, and only between its awaits: a guard dropped without being
+        closed is collected, and its generator's finaliser cancels this task.
+        """
+        await host.wait_for_cause(ref)
+        await asyncio.sleep(grace)
+        g = ref()
+        if g is None or not g._on_grace(grace):
+            return
+        del g
+        await asyncio.sleep(grace)
+        g = ref()
+        if g is not None:
+            g._on_second_grace()
+
+    @property
+    def cancel_pending(self) -> bool:
+        """The stuck-stream cancel was sent and not yet dealt with."""
+        return self.sent and not self.handled
+
+    def cancel_stuck(self, task: asyncio.Task[Any]) -> None:
+        """Cancel just the stuck await of ``task``, as ``asyncio.timeout`` does, noting its count."""
+        self._cancelling_before = task.cancelling()
+        self.sent = True
+        self.stuck_task = task
+        task.cancel(msg=STUCK_MESSAGE)
+
+    def take_back(self, task: asyncio.Task[Any] | None) -> bool:
+        """A ``CancelledError`` reached the guard in ``task``: True when it was our cancel alone.
+
+        Our own cancel is undone; if someone else cancelled too, theirs stands and propagates.
+        """
+        if not self.cancel_pending or task is None or task is not self.stuck_task:
+            return False
+        self.handled = True
+        self.stuck_task = None
+        return task.uncancel() <= self._cancelling_before
+
+    def give_back(self) -> None:
+        """The inner stream swallowed our cancel: give its task back the cancel count it had."""
+        self.handled = True
+        task = self.stuck_task
+        self.stuck_task = None
+        if task is not None and task.cancelling() > self._cancelling_before:
+            task.uncancel()
 
 
 async def _probe() -> AsyncGenerator[None, None]:

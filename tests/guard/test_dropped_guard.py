@@ -202,7 +202,7 @@ async def test_the_watchdog_holds_no_strong_reference_to_its_guard() -> None:
     async with asyncio.timeout(BOUND), g:
         await g.__anext__()
         (watchdog,) = [
-            t for t in other_tasks() if getattr(t.get_coro(), "__qualname__", "") == "Guard._watch"
+            t for t in other_tasks() if getattr(t.get_coro(), "__qualname__", "") == "Watchdog._watch"
         ]
         frame = watchdog.get_coro().cr_frame  # type: ignore[union-attr]
         assert all(v is not g for v in frame.f_locals.values())

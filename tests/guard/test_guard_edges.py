@@ -164,7 +164,7 @@ def _watchdogs() -> list[asyncio.Task[Any]]:
     return [
         t
         for t in asyncio.all_tasks()
-        if getattr(t.get_coro(), "__qualname__", "") == "Guard._watch" and not t.done()
+        if getattr(t.get_coro(), "__qualname__", "") == "Watchdog._watch" and not t.done()
     ]
 
 

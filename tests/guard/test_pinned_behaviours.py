@@ -99,7 +99,7 @@ def watchdog_timers(loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyP
 
     def counting(when: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
         task = asyncio.current_task()
-        if task is not None and getattr(task.get_coro(), "__qualname__", "") == "Guard._watch":
+        if task is not None and getattr(task.get_coro(), "__qualname__", "") == "Watchdog._watch":
             scheduled.append(when)
         return call_at(when, callback, *args, **kw)
 
