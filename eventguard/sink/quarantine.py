@@ -110,9 +110,14 @@ def batch_content(
     events: Sequence[Any] | None = None,
     anomalies: Sequence[Any] | None = None,
     whole: bool = True,
+    redacted: bool = False,
 ) -> dict[str, Any]:
     """A batch as a plain object for :func:`dumps`: all of it, or (``whole=False``) only the given
-    events and anomalies (the ones refused after the row went in)."""
+    events and anomalies (the ones refused after the row went in).
+
+    Events not serialised yet are kept as their repr, or (``redacted``: the sink has a redactor,
+    which never saw them through) as what identifies them only.
+    """
     evs = batch.events if events is None else events
     out: dict[str, Any] = {
         "response_id": batch.response_id,
@@ -130,7 +135,9 @@ def batch_content(
     if whole and batch.raw_done < len(batch.raw):
         # Events that could not even be serialised: their repr, so nothing is silently gone.
         out["unserialised_events"] = [
-            {"attempt": a, "seq": s, "type": t, "event": _default(ev)}
+            {"attempt": a, "seq": s, "type": t}
+            if redacted
+            else {"attempt": a, "seq": s, "type": t, "event": _default(ev)}
             for a, s, t, ev in batch.raw[batch.raw_done :]
         ]
     return out
@@ -144,11 +151,12 @@ def of_batch(
     events: Sequence[Any] | None = None,
     anomalies: Sequence[Any] | None = None,
     whole: bool = True,
+    redacted: bool = False,
 ) -> QuarantineRecord:
     return entry(
         origin,
         reason,
-        batch_content(batch, events=events, anomalies=anomalies, whole=whole),
+        batch_content(batch, events=events, anomalies=anomalies, whole=whole, redacted=redacted),
         response_id=batch.response_id,
         attempt=batch.attempt,
         stream_id=batch.stream_id,

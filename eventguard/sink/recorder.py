@@ -261,12 +261,49 @@ class SqlRecorder:
         self._notes.clear()
 
     def collect(self) -> Batch | None:
-        """Everything not yet taken, as one batch; None while the response has no id."""
+        """Everything not yet taken, as one batch; None while the response has no id.
+
+        Built in locals and committed at the end: should anything raise on the way, nothing is
+        taken (the buffered events, the transitions and anomalies stay where they were, the notes
+        and indexes as they were) and the caller can keep what the recorder holds.
+        """
         rid = self.response_id()
         if rid is None or not self.has_work():
             return None
-        sink = self._sink
         lc = self.lifecycle
+        n_transitions = len(lc.transitions)
+        n_anomalies = len(lc.anomalies)
+        saved = (len(self._notes), self._sink_idx, dict(self._columns), dict(self._numbers))
+        try:
+            batch = self._build(rid, lc, n_transitions, n_anomalies)
+        except BaseException:
+            notes, self._sink_idx, self._columns, self._numbers = saved
+            del self._notes[notes:]
+            raise
+        # Committed: only now is anything taken. References only: the writer serialises them in
+        # small chunks (encode_some), so the snapshot stays synchronous and cheap while the
+        # client's stream keeps its loop turns.
+        batch.raw, self.pending = self.pending, []
+        self._transitions_taken = n_transitions
+        self._anomalies_taken = n_anomalies
+        if batch.refusal_idx is not None:
+            self._last_status = batch.row["status"]
+        self.dirty = False
+        return batch
+
+    def abandon(self) -> tuple[list[tuple[int, int, str | None, object]], list[Any], list[Any]]:
+        """Take everything not yet taken without building a batch (:meth:`collect` raised): the
+        buffered events, the transitions and the anomalies, for the caller to keep elsewhere."""
+        lc = self.lifecycle
+        pending, self.pending = self.pending, []
+        taken = (lc.transitions[self._transitions_taken :], lc.anomalies[self._anomalies_taken :])
+        self._transitions_taken = len(lc.transitions)
+        self._anomalies_taken = len(lc.anomalies)
+        self._notes.clear()
+        self.dirty = False
+        return pending, list(taken[0]), list(taken[1])
+
+    def _build(self, rid: str, lc: Lifecycle, n_transitions: int, n_anomalies: int) -> Batch:
         now = datetime.now(UTC)
         batch = Batch(
             response_id=rid,
@@ -279,11 +316,7 @@ class SqlRecorder:
         )
         batch.source = self
 
-        # References only: the writer serialises them in small chunks (encode_some), so the
-        # snapshot stays synchronous and cheap while the client's stream keeps its loop turns.
-        batch.raw, self.pending = self.pending, []
-
-        for t in lc.transitions[self._transitions_taken :]:
+        for t in lc.transitions[self._transitions_taken : n_transitions]:
             batch.transitions.append(
                 {
                     "response_id": rid,
@@ -298,16 +331,14 @@ class SqlRecorder:
                     "at": t.at,
                 }
             )
-        self._transitions_taken = len(lc.transitions)
 
-        for a in lc.anomalies[self._anomalies_taken :]:
+        for a in lc.anomalies[self._anomalies_taken : n_anomalies]:
             where = f"guard anomaly {a.index} (attempt {a.attempt})"
-            payload = None
-            if a.payload is not None:
-                enc = encode(a.payload, a.event_type, max_bytes=sink.max_payload_bytes, redact=sink.redact)
-                payload = enc.text
-                for kind, reason in enc.problems:
-                    self._note(kind.value, f"{where}'s payload: {reason}", None, a.event_index)
+            payload = (
+                None
+                if a.payload is None
+                else self._anomaly_payload(a.payload, a.event_type, where, a.event_index)
+            )
             etype = a.event_type
             if etype is not None:
                 fix = storable.bounded(etype, ANOMALY_TYPE_LENGTH)
@@ -328,16 +359,34 @@ class SqlRecorder:
                     "payload": payload,
                 }
             )
-        self._anomalies_taken = len(lc.anomalies)
 
         batch.row = self._row(now)
         self._flush_notes(batch, lc.attempt)
         batch.terminal = batch.row["status"] in TERMINAL
         if batch.row["status"] != self._last_status:
             batch.refusal_idx = self._next_sink_idx()
-            self._last_status = batch.row["status"]
-        self.dirty = False
         return batch
+
+    def _anomaly_payload(
+        self, payload: object, etype: str | None, where: str, seq: int | None
+    ) -> PreSerialised | None:
+        """A guard anomaly's payload as stored: redacted, made storable; None (with a
+        ``not_serialisable`` anomaly that names only the error's type) when the redactor raises."""
+        sink = self._sink
+        try:
+            enc = encode(payload, etype, max_bytes=sink.max_payload_bytes, redact=sink.redact)
+        except Exception as exc:  # only the redactor can raise there: its text may quote the payload
+            sink._unexpected(exc, "redacting an anomaly's payload")
+            self._note(
+                AnomalyKind.NOT_SERIALISABLE.value,
+                f"{where}'s payload: the redactor raised {type(exc).__name__}; payload not stored",
+                None,
+                seq,
+            )
+            return None
+        for kind, reason in enc.problems:
+            self._note(kind.value, f"{where}'s payload: {reason}", None, seq)
+        return enc.text
 
     def encode_some(self, batch: Batch, limit: int | None = None) -> int:
         """Serialise up to ``limit`` (None: all) of ``batch``'s remaining events; how many it did.

@@ -233,6 +233,11 @@ class SqlSink:
         self._retry_at = 0.0
         self._backoff = 0.5
         self._logged: set[str] = set()
+        #: Set whenever something is spooled: the next successful write replays the spool.
+        self._spooled = False
+        #: Quarantine file appends put off by the hot path (``_overflow``), for the writer to do.
+        self._file_backlog: list[tuple[list[QuarantineRecord], str]] = []
+        self._deferring = False
 
     def _default_spool(self) -> Path:
         path = _db.sqlite_path(self.url)
@@ -541,25 +546,64 @@ class SqlSink:
         return recorders
 
     def _collect(self, rec: SqlRecorder) -> Batch | None:
-        """``rec.collect()``; should it raise, what it holds goes to the quarantine file, not lost."""
+        """``rec.collect()``; should it raise, what it holds goes to the quarantine file, not lost
+        (under a redactor, only what identifies it: see :meth:`_uncollected`)."""
         try:
             return rec.collect()
         except Exception as exc:
             self._unexpected(exc, "collecting a stream's work")
+            lc = rec.lifecycle
             record = quarantine.entry(
                 "write",
-                f"the stream's work could not be collected: {reason(exc)}",
-                {"lifecycle": rec.lifecycle, "pending_events": rec.pending},
-                response_id=rec.lifecycle.info.response_id,
-                attempt=rec.lifecycle.attempt,
+                f"the stream's work could not be collected: {self._error_text(exc)}",
+                self._uncollected(rec),
+                response_id=lc.info.response_id,
+                attempt=lc.attempt,
                 stream_id=getattr(rec, "stream_id", None),
             )
-            rec.pending = []
-            rec.dirty = False
+            self.stats.quarantined += 1
             self._quarantine_file([record], "the stream's work could not be collected")
             if rec.closing:
                 self._finish(rec)  # its close() must not wait for what cannot be collected
             return None
+
+    def _uncollected(self, rec: SqlRecorder) -> dict[str, Any]:
+        """What a recorder whose work cannot be collected holds, taken from it. With a redactor,
+        only what identifies each item (the redactor never saw it: its content stays out)."""
+        lc = rec.lifecycle
+        try:
+            pending, steps, found = rec.abandon()
+        except Exception:  # pragma: no cover - a recorder without abandon() (a test double)
+            pending, steps, found = list(rec.pending), [], []
+            rec.pending = []
+            rec.dirty = False
+        if self.redact is None:
+            return {"lifecycle": lc, "pending_events": pending, "transitions": steps, "anomalies": found}
+        return {
+            "redacted": "the sink has a redactor: only what identifies each item is kept",
+            "state": lc.state.value,
+            "attempt": lc.attempt,
+            "pending_events": [{"attempt": a, "seq": s, "type": t} for a, s, t, _ in pending],
+            "transitions": [
+                {
+                    "attempt": t.attempt,
+                    "idx": t.index,
+                    "from_state": t.from_state.value,
+                    "to_state": t.to_state.value,
+                    "cause": t.cause.value if t.cause else None,
+                }
+                for t in steps
+            ],
+            "anomalies": [
+                {"attempt": a.attempt, "idx": a.index, "kind": a.kind.value, "event_index": a.event_index}
+                for a in found
+            ],
+        }
+
+    def _error_text(self, exc: BaseException) -> str:
+        """An error as the quarantine keeps it: under a redactor its type only (its message may
+        quote what the redactor was meant to mask), else its one-line reason."""
+        return type(exc).__name__ if self.redact is not None else reason(exc)
 
     def _finish(self, rec: SqlRecorder) -> None:
         with contextlib.suppress(RuntimeError):  # its event loop is closed: nobody waits any more
@@ -632,16 +676,7 @@ class SqlSink:
         budget = _STEP_FLOOR
         refused: list[QuarantineRecord] = []
         for batch in batches:
-            rec = batch.source
-            if rec is None:
-                continue
-            while True:
-                start, before = batch.raw_done, len(batch.events)
-                try:
-                    if not rec.encode_some(batch, _ENCODE_CHUNK):
-                        break
-                except Exception as exc:
-                    refused.append(self._skip_event(batch, start + len(batch.events) - before, exc))
+            while self._encode_step(batch, _ENCODE_CHUNK, refused):
                 now = clock()
                 if now - started >= budget:
                     await asyncio.sleep(0)
@@ -650,25 +685,59 @@ class SqlSink:
         if refused:
             await self._quarantine(refused)
 
+    def _serialise_now(self, batches: Sequence[Batch]) -> list[QuarantineRecord]:
+        """Serialise the batches' events in one go (before they are spooled); each event that
+        cannot be serialised is taken out of its batch, as the quarantine record returned."""
+        refused: list[QuarantineRecord] = []
+        for batch in batches:
+            while self._encode_step(batch, None, refused):
+                pass
+        return refused
+
+    def _encode_step(self, batch: Batch, limit: int | None, refused: list[QuarantineRecord]) -> bool:
+        """Serialise up to ``limit`` (None: all) more of ``batch``'s events; an event that cannot
+        be serialised goes into ``refused``. False once nothing is left."""
+        rec = batch.source
+        if rec is None:
+            return False
+        start, before = batch.raw_done, len(batch.events)
+        try:
+            return rec.encode_some(batch, limit) > 0
+        except Exception as exc:
+            refused.append(self._skip_event(batch, start + len(batch.events) - before, exc))
+            return True
+
     def _skip_event(self, batch: Batch, index: int, exc: Exception) -> QuarantineRecord:
-        """Take the event that could not be serialised out of ``batch``, as a quarantine record."""
+        """Take the event that could not be serialised out of ``batch``, as a quarantine record.
+
+        Only the serialiser's redactor raises there. With a redactor the record holds what
+        identifies the event (attempt, seq, type) and why, never the event: it is what the
+        redactor was meant to mask, and it never saw it through.
+        """
         self._unexpected(exc, "serialising an event")
-        why = f"the event could not be serialised: {reason(exc)}"
+        redacted = self.redact is not None
+        cause = f"the redactor raised {reason(exc)}" if redacted else reason(exc)
+        why = f"the event could not be serialised: {cause}"
         if not batch.raw_done <= index < len(batch.raw):  # pragma: no cover - the recorder changed shape
-            record = quarantine.of_batch(batch, "write", why)
+            record = quarantine.of_batch(batch, "write", why, redacted=redacted)
             batch.raw, batch.raw_done = [], 0
             return record
         attempt, seq, etype, event = batch.raw[index]
         batch.raw_done = index + 1
         if batch.raw_done >= len(batch.raw):
             batch.raw, batch.raw_done = [], 0
+        content: dict[str, Any] = {
+            "response_id": batch.response_id,
+            "attempt": attempt,
+            "seq": seq,
+            "type": etype,
+        }
+        if redacted:
+            content["error"] = type(exc).__name__
+        else:
+            content["event"] = event
         return quarantine.entry(
-            "write",
-            why,
-            {"response_id": batch.response_id, "attempt": attempt, "seq": seq, "type": etype, "event": event},
-            response_id=batch.response_id,
-            attempt=attempt,
-            stream_id=batch.stream_id,
+            "write", why, content, response_id=batch.response_id, attempt=attempt, stream_id=batch.stream_id
         )
 
     async def _write(self, batches: Sequence[Batch], *, rows: bool = True) -> Written:
@@ -919,8 +988,16 @@ class SqlSink:
                 )
         if not batches:
             return
+        # Serialised here, event by event: an event that cannot be (a redactor that raises) goes
+        # to the quarantine on its own; the rest of its batch is spooled. (Spool.append then
+        # finds nothing left to serialise: the redactor never runs inside it.)
+        refused = self._serialise_now(batches)
+        if refused:
+            self.stats.quarantined += len(refused)
+            self._quarantine_file(refused, "events that could not be serialised were being spooled")
         try:
             self.stats.batches_spooled += self.spool.append(batches)
+            self._spooled = True
             return
         except Exception as exc:
             first: Exception = exc
@@ -928,6 +1005,7 @@ class SqlSink:
         for batch in batches:  # one by one: keep every batch the spool can take
             try:
                 self.stats.batches_spooled += self.spool.append([batch])
+                self._spooled = True
             except Exception as err:
                 failed.append((batch, err))
         if not failed:
@@ -940,12 +1018,11 @@ class SqlSink:
             self._why(first),
         )
         why = self._outage or "the database did not take it"
+        redacted = self.redact is not None
         records = []
         for batch, problem in failed:
-            with contextlib.suppress(Exception):
-                batch.serialise()  # its events as they would be stored; else their repr
             text = f"could not be spooled ({reason(problem)}); {why}"
-            records.append(quarantine.of_batch(batch, "write", text))
+            records.append(quarantine.of_batch(batch, "write", text, redacted=redacted))
         self.stats.quarantined += len(records)
         self._quarantine_file(records, "the spool could not take them")
 
