@@ -26,35 +26,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable
 from types import AsyncGeneratorType, TracebackType
 from typing import Any, Final, Literal, cast
 
-from eventguard.decision import Decision, Ending, Flags, Forward, decide
+from eventguard.decision import Ending, decide
 from eventguard.errors import (
     GuardAlreadyUsed,
     GuardOutsideLoop,
-    IllegalTransition,
-    InvalidEvent,
     NotAsyncIterable,
-)
-from eventguard.events import (
-    LIFECYCLE_KINDS,
-    TERMINAL_TYPES,
-    Kind,
-    LifecycleEventError,
-    ResponseCompleted,
-    ResponseFailed,
-    ResponseIncomplete,
-    event_type_of,
-    parse_lifecycle_event,
-    read_terminal,
 )
 from eventguard.guard.host import CancellationSignal, Host, info_from_context
 from eventguard.guard.options import GuardOptions
 from eventguard.guard.owner import InnerStream, spawn
+from eventguard.guard.referee import DROP, Referee
 from eventguard.guard.watchdog import STUCK_MESSAGE, Watchdog, waiting_task
-from eventguard.lifecycle import AnomalyKind, Cause, ErrorInfo, Lifecycle, ResponseInfo, State
+from eventguard.lifecycle import AnomalyKind, ErrorInfo, Lifecycle, ResponseInfo, State
 from eventguard.recording import Recorder, Sink
 
 __all__ = ["Guard", "guard"]
@@ -62,15 +49,10 @@ __all__ = ["Guard", "guard"]
 log = logging.getLogger("eventguard.guard")
 
 
-#: Returned by the slow path for an event that is not forwarded.
-_DROP: Final = object()
-_PRIMITIVES: Final = (str, bytes, bytearray, int, float, bool, list, tuple, set, type(None))
 _OUTSIDE_LOOP: Final = (
     "build the guard inside the coroutine that iterates it: guard() {what}, and a guard is bound to the "
     "event loop it was built in"
 )
-#: Endings a lifecycle cannot reach without having started (see Guard._apply).
-_NEEDS_START: Final = frozenset({State.COMPLETED, State.INCOMPLETE})
 _DEFAULTS: Final = GuardOptions()
 
 
@@ -128,18 +110,11 @@ class Guard:
         "_finished",
         "_gen",
         "_host",
-        "_hot",
         "_inner",
         "_loop",
-        "_n",
         "_options",
-        "_own_ending",
-        "_pending",
         "_rec",
-        "_slow",
-        "_snapshot",
-        "_stop_after",
-        "_terminal_seen",
+        "_ref",
         "_used",
         "_watchdog",
         "lifecycle",
@@ -188,22 +163,12 @@ class Guard:
         self.lifecycle = Lifecycle.for_recovery(info) if info.is_recovery else Lifecycle(info=info)
         self._rec: Recorder | None = sink.recorder(self.lifecycle) if sink is not None else None
         self._gen: AsyncGeneratorType[Any, None] | None = None
-        #: The slow path asks the hot loop to finish after the event it returns.
-        self._stop_after = False
-        #: A terminal's decision, applied when the inner stream ends (see _settle).
-        self._pending: Decision | None = None
         self._used = False
-        self._n = 0
-        self._slow = False
-        self._hot: set[str] = set()
-        self._terminal_seen = False
         self._finished = False
-        self._snapshot: dict[str, Any] | None = None
         #: The stuck-stream watchdog: its task, and the books of the cancel it may send (watchdog.py).
         self._watchdog = Watchdog()
-        #: The ending the guard recorded on its own (the watchdog: stuck, abandoned): final. Nothing
-        #: the inner stream produces afterwards is forwarded (see _after_own_ending).
-        self._own_ending: Decision | None = None
+        #: The I/O-free referee: lifecycle events, terminals, anomalies, decisions (referee.py).
+        self._ref = Referee(self.lifecycle, self._rec, options, host, self._watchdog)
         #: How the consumer is closing the guard while its generator unwinds (see _end_closed).
         self._closing: Ending | None = None
 
@@ -266,9 +231,9 @@ class Guard:
 
     async def _end_closed(self, ending: Ending) -> None:
         """The consumer closed the guard (or dropped it) before the end: decide, close, flush."""
-        self._settle()
+        self._ref.settle()
         if not self.lifecycle.ended:
-            self._apply(decide(ending, self._flags(), self._options))
+            self._ref.apply(decide(ending, self._ref.flags(), self._options))
         await self._finish()
 
     async def _end_dropped(self) -> None:
@@ -305,10 +270,12 @@ class Guard:
         rec = self._rec
         # Plain str types already seen to need nothing but forwarding; emptied (see _go_slow) once
         # every event must take the slow path: after the terminal, or when the guard is ending.
-        hot = self._hot
-        n = self._n
+        ref = self._ref
+        slow = ref.event
+        hot = ref.hot
+        n = ref.n
         phase = 0
-        final: Any = _DROP
+        final: Any = DROP
         try:
             async for event in self._inner.iterator:
                 phase = 1
@@ -319,14 +286,16 @@ class Guard:
                     etype = getattr(event, "type", None)
                     is_hot = etype.__class__ is str and etype in hot
                 if not is_hot:
-                    self._n = n
-                    out = self._slow_event(event)
-                    n = self._n
-                    if self._stop_after:
+                    ref.n = n
+                    out = slow(event)
+                    n = ref.n
+                    if ref.stop_after:
+                        if ref.abandon_inner:
+                            self._inner.close_in_background()
                         await self._finish()  # the inner stream's close is already under way
                         final = out
                         break
-                    if out is _DROP:
+                    if out is DROP:
                         phase = 0
                         continue
                     phase = 2
@@ -340,10 +309,10 @@ class Guard:
                 yield event
                 phase = 0
             else:
-                self._n = n
+                ref.n = n
                 final = await self._on_inner_exit(StopAsyncIteration())
         except BaseException as exc:
-            self._n = max(self._n, n)
+            ref.n = max(ref.n, n)
             if phase == 2:
                 # Thrown in by the consumer at a yield: not the inner stream's ending. A close
                 # (aclose(), or the loop finalising a guard that was dropped) ends the guard here.
@@ -359,29 +328,24 @@ class Guard:
                 raise
             final = await self._on_inner_exit(exc)  # re-raises all but our own stuck-stream cancel
         finally:
-            self._n = max(self._n, n)
-        if final is not _DROP:
+            ref.n = max(ref.n, n)
+        if final is not DROP:
             yield final
 
     async def _finish(self, *, close_inner: bool = True) -> None:
         """Idempotent end: stop the watchdog, close the inner stream, then flush the recorder."""
         if self._finished:
             return
-        self._settle()
+        self._ref.settle()
         self._finished = True
-        self._go_slow()
-        self.lifecycle.events_forwarded = self._n
+        self._ref.go_slow()
+        self.lifecycle.events_forwarded = self._ref.n
         self._watchdog.stop()
         try:
             if close_inner:
                 await self._inner.close()
         finally:
             await self._flush()
-
-    def _go_slow(self) -> None:
-        """From now on every event takes the slow path."""
-        self._slow = True
-        self._hot.clear()
 
     def _check_loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, which must be the one the guard (and its recorder) was built in."""
@@ -404,7 +368,7 @@ class Guard:
         # close is a no-op. The inner stream was never pulled; it is left to its owner, as when
         # guard() refuses a stream that is not async iterable.
         self._finished = True
-        self._go_slow()
+        self._ref.go_slow()
 
     async def _flush(self) -> None:
         rec = self._rec
@@ -424,39 +388,18 @@ class Guard:
 
     # -- endings ---------------------------------------------------------------------------------
 
-    def _settle(self) -> None:
-        """Apply the terminal's decision, now that the inner stream has ended (or the guard has).
-
-        The flags were read when the terminal was produced; only a client cancel is read again here,
-        at the end of the stream and never later: the host reports ``cancelled`` for a client that
-        cancelled or disconnected before the handler ended, even after a forwarded terminal. (The
-        signal alone is not read again: newer hosts set it after every foreground completion.)
-        """
-        decision = self._pending
-        if decision is None:
-            return
-        self._pending = None
-        if self._flags().client_cancelled:
-            decision = Decision(
-                Forward.NOTHING,
-                State.CANCELLED,
-                Cause.CLIENT_CANCEL,
-                "client cancel after the terminal was forwarded, before the stream ended",
-            )
-        self._apply(decision)
-
     async def _on_inner_exit(self, exc: BaseException) -> Any:
         """The inner stream ended or raised: decide, finish, and say what (if anything) to forward.
 
         Re-raises ``exc`` itself unless it is the end of the stream or our own stuck-stream cancel.
         """
-        self._settle()
+        self._ref.settle()
         if isinstance(exc, StopAsyncIteration):
-            out: Any = _DROP
-            if self._own_ending is not None:
-                out = self._own_terminal()
-            elif not self._terminal_seen and not self.lifecycle.terminal:
-                out = self._end_with(decide(Ending.NO_TERMINAL, self._flags(), self._options))
+            out: Any = DROP
+            if self._ref.own_ending is not None:
+                out = self._ref.own_terminal()
+            elif not self._ref.terminal_seen and not self.lifecycle.terminal:
+                out = self._ref.end_with(decide(Ending.NO_TERMINAL, self._ref.flags(), self._options))
             await self._finish()
             return out
         if isinstance(exc, asyncio.CancelledError):
@@ -464,337 +407,39 @@ class Guard:
             if self._watchdog.take_back(task):
                 return await self._end_stuck()  # our own stuck-stream cancel, taken back
             if not self.lifecycle.ended:
-                self._apply(decide(Ending.RAISED_CANCELLED, self._flags(), self._options))
+                self._ref.apply(decide(Ending.RAISED_CANCELLED, self._ref.flags(), self._options))
             await self._finish()
             raise exc
         await self._on_raised(exc, Ending.RAISED if isinstance(exc, Exception) else Ending.RAISED_BASE)
         raise exc
 
     async def _end_stuck(self) -> Any:
-        self.lifecycle.note(AnomalyKind.STUCK, STUCK_MESSAGE, event_index=self._n)
-        out: Any = _DROP
-        if not self._terminal_seen and not self.lifecycle.terminal:
-            out = self._end_with(decide(Ending.STUCK, self._flags(), self._options))
+        self.lifecycle.note(AnomalyKind.STUCK, STUCK_MESSAGE, event_index=self._ref.n)
+        out: Any = DROP
+        if not self._ref.terminal_seen and not self.lifecycle.terminal:
+            out = self._ref.end_with(decide(Ending.STUCK, self._ref.flags(), self._options))
         self._inner.close_in_background()
         await self._finish(close_inner=False)
         return out
 
     async def _on_raised(self, exc: BaseException, ending: Ending) -> None:
-        self._settle()
+        self._ref.settle()
         lc = self.lifecycle
-        if self._own_ending is None and (not lc.ended or lc.state is State.INTERRUPTED):
-            decision = decide(ending, self._flags(), self._options)
+        if self._ref.own_ending is None and (not lc.ended or lc.state is State.INTERRUPTED):
+            decision = decide(ending, self._ref.flags(), self._options)
             self.lifecycle.error = ErrorInfo(
                 code=None, message=_short(str(exc)), exception_type=_qualname(type(exc))
             )
-            self._apply(decision)
+            self._ref.apply(decision)
         await self._finish()
-
-    def _end_with(self, decision: Decision) -> Any:
-        """Apply a decision reached without a terminal from the inner stream; what to forward."""
-        self._apply(decision)
-        return self._terminal_for(decision)
-
-    def _own_terminal(self) -> Any:
-        """The terminal the guard's own ending calls for, once, when the consumer is back to take it."""
-        decision = self._own_ending
-        if decision is None or self._terminal_seen:
-            return _DROP
-        self._terminal_seen = True
-        return self._terminal_for(decision)
-
-    def _terminal_for(self, decision: Decision) -> Any:
-        """The terminal to forward for a decision reached without one from the inner stream."""
-        synthesised: Any = _DROP
-        if decision.forward is Forward.FAILED_MISSING_TERMINAL:
-            synthesised = self._synthesise("failed", decision.cause.value, decision.reason)
-        elif decision.forward is Forward.CANCELLED:
-            synthesised = self._synthesise("cancelled", None, None)
-        if synthesised is not _DROP:
-            return self._forward(synthesised, "response.failed")
-        if decision.cause.value == "missing_terminal":
-            self.lifecycle.note(AnomalyKind.MISSING_TERMINAL, decision.reason, event_index=self._n)
-        return _DROP
-
-    def _apply(self, decision: Decision) -> None:
-        """Move the lifecycle to the decided ending, or explain why it could not."""
-        lc = self.lifecycle
-        lc.events_forwarded = self._n
-        if decision.state in _NEEDS_START and lc.state in (State.NEW, State.INTERRUPTED):
-            # A completion the stream never started (its created event was missing or could not be
-            # read): the record follows what was forwarded, through an implied start, unverified.
-            lc.transition(
-                State.IN_PROGRESS, reason="implied by the terminal: the stream never reported its start"
-            )
-            decision = dataclasses.replace(
-                decision,
-                unverified=True,
-                reason=f"{decision.reason}; the stream never reported its start: not verified",
-            )
-        if decision.steering_cut_short:
-            lc.steering_cut_short = True
-        if decision.unverified:
-            lc.unverified = True
-            lc.note(AnomalyKind.UNVERIFIED_COMPLETION, decision.reason, event_index=self._n)
-        if lc.state is not decision.state:
-            try:
-                lc.transition(decision.state, cause=decision.cause, reason=decision.reason)
-            except IllegalTransition as exc:
-                lc.note(AnomalyKind.ILLEGAL_TRANSITION, str(exc), event_index=self._n)
-                if not lc.ended:
-                    # Never leave a stream that is over looking as if it were still running.
-                    lc.transition(State.FAILED, cause=decision.cause, reason=f"refused: {exc.reason}")
-        if self._rec is not None:
-            self._rec.changed()
 
     # -- the slow path: lifecycle events, terminals, bad input ---------------------------------
 
-    def _slow_event(self, event: Any) -> Any:
-        etype = event_type_of(event)
-        if self._watchdog.cancel_pending:
-            return self._stuck_cancel_swallowed(event, etype)
-        if self._own_ending is not None:
-            return self._after_own_ending(event, etype)
-        if self._terminal_seen:
-            duplicate = isinstance(etype, str) and etype in TERMINAL_TYPES
-            kind = AnomalyKind.DUPLICATE_TERMINAL if duplicate else AnomalyKind.EVENT_AFTER_TERMINAL
-            self._anomaly(kind, f"{etype!r} after the terminal was not forwarded", etype, event)
-            return _DROP
-        if not isinstance(etype, str) or not etype:
-            return self._untyped_event(event, etype)
-        kind_ = LIFECYCLE_KINDS.get(etype)
-        if kind_ is Kind.TERMINAL:
-            return self._on_terminal(event, etype)
-        if kind_ is not None:
-            self._on_lifecycle_event(event, etype, kind_)
-        elif type(etype) is str and not self._slow:
-            self._hot.add(etype)  # an output or delta type: the hot path forwards it from now on
-        return self._forward(event, etype)
-
-    def _forward(self, event: Any, etype: str | None) -> Any:
-        n = self._n
-        self._n = n + 1
-        # The slow path runs for lifecycle events and terminals: keep the row's count exact there.
-        self.lifecycle.events_forwarded = n + 1
-        if self._rec is not None:
-            self._rec.event(n, etype, event)
-        return event
-
-    def _untyped_event(self, event: Any, etype: object) -> Any:
-        if isinstance(event, Mapping):
-            reason = "event has no 'type'" if etype is None or etype == "" else f"event 'type' is {etype!r}"
-            self._anomaly(
-                AnomalyKind.MISSING_TYPE,
-                f"{reason}; not forwarded: the host cannot accept it",
-                None,
-                event,
-                strict=True,
-            )
-            return _DROP
-        if isinstance(event, _PRIMITIVES):
-            self._anomaly(
-                AnomalyKind.NOT_A_MAPPING,
-                f"event is a {type(event).__name__}, not a mapping; not forwarded: the host cannot accept it",
-                None,
-                event,
-                strict=True,
-            )
-            return _DROP
-        # An object the guard does not know (a ResponseCheckpointEvent, say): the host's business.
-        return self._forward(event, None)
-
-    def _after_own_ending(self, event: Any, etype: object) -> Any:
-        """The inner stream produced an event after the guard recorded an ending of its own.
-
-        That ending is final: the event is not forwarded (an anomaly keeps it), the terminal the
-        ending calls for is forwarded in its place if none was, the inner stream is closed and the
-        guard's stream ends. So the record and the forwarded stream never disagree: a shielded model
-        call that returns after a stuck ending cannot forward a late delta and ``response.completed``.
-        """
-        decision = self._own_ending
-        assert decision is not None
-        duplicate = isinstance(etype, str) and etype in TERMINAL_TYPES
-        self._anomaly(
-            AnomalyKind.DUPLICATE_TERMINAL if duplicate else AnomalyKind.EVENT_AFTER_TERMINAL,
-            f"{etype!r} produced after the guard recorded its ending ({decision.state.value}, "
-            f"{decision.cause.value}); not forwarded",
-            etype,
-            event,
-        )
-        out = self._own_terminal()
-        if self._watchdog.handled:
-            self._inner.close_in_background()  # it may be as slow to close as it was to return
-        self._stop_after = True
-        return out
-
-    def _stuck_cancel_swallowed(self, event: Any, etype: object) -> Any:
-        # The inner stream swallowed the cancel we sent it after cancel_grace: take it back and end.
-        self._watchdog.give_back()
-        self._settle()
-        self.lifecycle.note(
-            AnomalyKind.STUCK,
-            f"{STUCK_MESSAGE}; it swallowed the cancel and produced {etype!r}, not forwarded",
-            event_type=etype if isinstance(etype, str) else None,
-            event_index=self._n,
-            payload=event,
-        )
-        self._terminal_seen = True
-        out = _DROP
-        if not self.lifecycle.terminal:
-            out = self._end_with(decide(Ending.STUCK, self._flags(), self._options))
-        self._inner.close_in_background()
-        self._stop_after = True
-        return out
-
-    def _on_lifecycle_event(self, event: Any, etype: str, kind: Kind) -> None:
-        lc = self.lifecycle
-        try:
-            parsed = parse_lifecycle_event(event)
-        except LifecycleEventError as exc:
-            self._anomaly(AnomalyKind.INVALID_LIFECYCLE_EVENT, f"{etype}: {exc}", etype, event, strict=True)
-            return
-        snapshot = parsed.response
-        if lc.info.response_id is None and snapshot.id:
-            lc.info.response_id = snapshot.id
-        self._snapshot = snapshot.model_dump(mode="json", exclude_none=True)
-        if kind is Kind.CREATED:
-            target = State.QUEUED if snapshot.status == "queued" else State.IN_PROGRESS
-        elif kind is Kind.QUEUED:
-            target = State.QUEUED
-        else:
-            target = State.IN_PROGRESS
-        if lc.state is target:
-            return
-        if target is State.QUEUED and lc.state is State.IN_PROGRESS:
-            self._anomaly(
-                AnomalyKind.OUT_OF_ORDER, f"{etype} after response.in_progress", etype, None, strict=True
-            )
-            return
-        try:
-            lc.transition(target, reason=etype)
-        except IllegalTransition as exc:
-            self._anomaly(AnomalyKind.ILLEGAL_TRANSITION, str(exc), etype, None, strict=True)
-            return
-        if self._rec is not None:
-            self._rec.changed()
-
-    def _on_terminal(self, event: Any, etype: str) -> Any:
-        lc = self.lifecycle
-        flags = self._flags()  # at this moment, not later: see the README
-        self._terminal_seen = True
-        self._go_slow()
-        unreadable = False
-        try:
-            parsed = parse_lifecycle_event(event)
-        except LifecycleEventError as exc:
-            self._anomaly(AnomalyKind.INVALID_LIFECYCLE_EVENT, f"{etype}: {exc}", etype, event)
-            unreadable = True
-            ending = {"response.completed": Ending.COMPLETED, "response.incomplete": Ending.INCOMPLETE}.get(
-                etype, Ending.FAILED
-            )
-        else:
-            assert isinstance(parsed, ResponseCompleted | ResponseIncomplete | ResponseFailed)
-            claim = read_terminal(parsed)
-            if claim.mismatch:
-                self._anomaly(
-                    AnomalyKind.STATUS_MISMATCH,
-                    claim.mismatch + "; the event type wins",
-                    etype,
-                    None,
-                    strict=True,
-                )
-            if lc.info.response_id is None and parsed.response.id:
-                lc.info.response_id = parsed.response.id  # a stream whose start was missing or unreadable
-            if claim.usage is not None:
-                lc.usage = claim.usage
-            if claim.error is not None:
-                lc.error = claim.error
-            ending = Ending(claim.state.value)
-            snap = parsed.response.model_dump(mode="json", exclude_none=True)
-            self._snapshot = snap
-        decision = decide(ending, flags, self._options)
-        if unreadable and decision.state in _NEEDS_START:
-            # Forwarded as it is, so recorded as it claims: never as a failure, but not verified.
-            decision = dataclasses.replace(
-                decision,
-                unverified=True,
-                reason=f"{decision.reason}; {etype} could not be read: not verified",
-            )
-        if ending is Ending.CANCELLED and not flags.client_cancelled:
-            self._anomaly(
-                AnomalyKind.CANCEL_WITHOUT_CLIENT_CANCEL,
-                "the inner stream reported a cancel the host did not ask for",
-                etype,
-                None,
-            )
-        if decision.state is State.CANCELLED or lc.ended:
-            self._apply(decision)
-        else:
-            # Settled when the inner stream ends (see _settle): a client cancel that lands between
-            # this terminal and the end of the stream still makes the host report cancelled.
-            self._pending = decision
-        forward = decision.forward
-        if forward is Forward.PASS:
-            return self._forward(event, etype)
-        if forward is Forward.NOTHING:
-            self._anomaly(AnomalyKind.TERMINAL_WITHHELD, f"{etype} withheld: {decision.reason}", etype, event)
-            return _DROP
-        self._anomaly(AnomalyKind.TERMINAL_REPLACED, f"{etype} replaced: {decision.reason}", etype, event)
-        if forward is Forward.CANCELLED:
-            return self._forward(self._synthesise("cancelled", None, None), "response.failed")
-        return self._forward(
-            self._synthesise("failed", "server_shutdown", decision.reason), "response.failed"
-        )
-
-    def _synthesise(self, status: str, code: str | None, message: str | None) -> Any:
-        """A ``response.failed`` terminal built on the last response snapshot; _DROP if none exists."""
-        if self._snapshot is None:
-            # Without a created event the host would refuse any terminal: forward nothing, say so.
-            self.lifecycle.note(
-                AnomalyKind.MISSING_TERMINAL,
-                f"no response.{status} forwarded: the stream never produced response.created",
-                event_index=self._n,
-            )
-            return _DROP
-        response = dict(self._snapshot)
-        response["status"] = status
-        if code is None:
-            response.pop("error", None)
-        else:
-            response["error"] = {"code": code, "message": message or code}
-        self._terminal_seen = True
-        self._go_slow()
-        return {"type": "response.failed", "response": response}
-
-    def _anomaly(
-        self,
-        kind: AnomalyKind,
-        reason: str,
-        etype: object,
-        event: Any,
-        *,
-        strict: bool = False,
-    ) -> None:
-        self.lifecycle.note(
-            kind,
-            reason,
-            event_type=etype if isinstance(etype, str) else None,
-            event_index=self._n,
-            payload=event,
-        )
-        if self._rec is not None:
-            self._rec.changed()
-        if strict and self._options.strict:
-            raise InvalidEvent(reason)
-
     # -- causes and the watchdog ---------------------------------------------------------------
-
-    def _flags(self) -> Flags:
-        return self._host.flags()
 
     def _on_grace(self, grace: float) -> bool:
         """``grace`` after the cause. True when a stuck await was cancelled and is to be checked again."""
-        if self._finished or self._own_ending is not None:
+        if self._finished or self._ref.own_ending is not None:
             return False
         gen = self._gen
         if gen is not None and gen.ag_await is not None:
@@ -806,7 +451,7 @@ class Guard:
                 # awaitable the guard cannot look into). Never cancel a task that is not inside the
                 # guard: record the ending without interrupting anyone.
                 self._watchdog.handled = True
-                self._record_stuck(
+                self._ref.record_stuck(
                     f"{STUCK_MESSAGE}; no task waiting in the guard could be found to interrupt: ending "
                     "recorded without it, the consumer stays blocked until the inner stream returns"
                 )
@@ -817,20 +462,20 @@ class Guard:
                 return False
             # Stuck in the inner stream's await: cancel just that await, as asyncio.timeout does,
             # and take the cancel back when it reaches the guard (see _on_inner_exit).
-            self._go_slow()
+            self._ref.go_slow()
             self._watchdog.cancel_stuck(task)
             return True
-        flags = self._flags()
+        flags = self._ref.flags()
         if flags.client_cancelled or flags.shutdown:
-            self._settle()
+            self._ref.settle()
         if not self.lifecycle.ended and (flags.client_cancelled or flags.shutdown):
             # The host stopped iterating and may never resume or close us: record the ending now.
             self.lifecycle.note(
                 AnomalyKind.ABANDONED,
                 f"the host stopped iterating for {grace}s after the signal; ending recorded without it",
-                event_index=self._n,
+                event_index=self._ref.n,
             )
-            self._own(decide(Ending.ABANDONED, flags, self._options))
+            self._ref.own(decide(Ending.ABANDONED, flags, self._options))
         return False
 
     def _on_second_grace(self) -> None:
@@ -848,30 +493,11 @@ class Guard:
         # every pull in a task of its own (a cost on every event) can end that wait; record the
         # ending now, and give the task back the cancel count it had.
         watchdog.give_back()
-        self._record_stuck(
+        self._ref.record_stuck(
             f"{STUCK_MESSAGE}; it swallowed the cancel and is still waiting: ending recorded "
             "without it, the consumer stays blocked until the inner stream returns"
         )
         log.warning("eventguard: %s", STUCK_MESSAGE + " and swallowed the cancel")
-
-    def _record_stuck(self, reason: str) -> None:
-        """Record a stuck ending while the consumer is still blocked in the inner stream's await."""
-        self.lifecycle.note(AnomalyKind.STUCK, reason, event_index=self._n)
-        self._settle()
-        if not self.lifecycle.terminal:
-            self._own(decide(Ending.STUCK, self._flags(), self._options))
-        elif self._rec is not None:
-            self._rec.changed()
-
-    def _own(self, decision: Decision) -> None:
-        """Record an ending the guard reached on its own, while the inner stream still runs: final.
-
-        From now on nothing the inner stream produces is forwarded (see _after_own_ending), so
-        that the recorded ending and the forwarded stream never disagree.
-        """
-        self._apply(decision)
-        self._own_ending = decision
-        self._go_slow()
 
 
 def _exit_ending(exc: BaseException | None) -> Ending:

@@ -21,6 +21,7 @@ import pytest
 
 from eventguard import Cause, Guard, GuardAlreadyUsed, InvalidEvent, Lifecycle, State, guard
 from eventguard.guard import GuardOptions
+from eventguard.guard.referee import Referee
 
 from .scripted import Scripted, block_ignoring_signal, event, make_context, stream_events, terminal
 
@@ -842,13 +843,13 @@ async def test_the_slow_path_runs_once_per_output_type_then_the_hot_path_takes_o
     # The hot path is the guard's cost model (README, benchmarks): an output or delta type goes through
     # the slow path once, and every later event of that type is forwarded without it.
     seen: list[str] = []
-    slow = Guard._slow_event
+    slow = Referee.event
 
-    def counting(self: Guard, e: Any) -> Any:
+    def counting(self: Referee, e: Any) -> Any:
         seen.append(e["type"])
         return slow(self, e)
 
-    monkeypatch.setattr(Guard, "_slow_event", counting)
+    monkeypatch.setattr(Referee, "event", counting)
     events = stream_events(50)
     out = await drain(guard(Scripted(events), asyncio.Event()))
     assert out == events

@@ -1,0 +1,440 @@
+"""The referee: the guard's I/O-free core. Events in; decisions, anomalies and what to forward out.
+
+It classifies the events the hot loop does not forward on its own (lifecycle events, terminals, bad
+input, the first event of each output type), checks the lifecycle's transitions, decides endings
+through the decision table (``decision.py``: every policy lives there), builds the terminals the guard
+synthesises, and records every anomaly through one path (:meth:`Referee.anomaly`). It never awaits:
+the cause flags come from the host adapter, records go to the recorder's buffer, and what needs I/O
+(closing the inner stream, flushing) is asked of the guard through ``stop_after`` / ``abandon_inner``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Final
+
+from eventguard.decision import Decision, Ending, Flags, Forward, decide
+from eventguard.errors import IllegalTransition, InvalidEvent
+from eventguard.events import (
+    LIFECYCLE_KINDS,
+    TERMINAL_TYPES,
+    Kind,
+    LifecycleEventError,
+    ResponseCompleted,
+    ResponseFailed,
+    ResponseIncomplete,
+    event_type_of,
+    parse_lifecycle_event,
+    read_terminal,
+)
+from eventguard.guard.host import Host
+from eventguard.guard.options import GuardOptions
+from eventguard.guard.watchdog import STUCK_MESSAGE, Watchdog
+from eventguard.lifecycle import AnomalyKind, Cause, Lifecycle, State
+from eventguard.recording import Recorder
+
+__all__ = ["DROP", "Referee"]
+
+#: Returned for an event that is not forwarded.
+DROP: Final = object()
+_PRIMITIVES: Final = (str, bytes, bytearray, int, float, bool, list, tuple, set, type(None))
+#: Endings a lifecycle cannot reach without having started (see Referee.apply).
+_NEEDS_START: Final = frozenset({State.COMPLETED, State.INCOMPLETE})
+
+
+class Referee:
+    """The decisions of one guarded stream, with no I/O and no ``await``."""
+
+    __slots__ = (
+        "_host",
+        "_pending",
+        "_snapshot",
+        "_watchdog",
+        "abandon_inner",
+        "hot",
+        "lifecycle",
+        "n",
+        "options",
+        "own_ending",
+        "rec",
+        "slow",
+        "stop_after",
+        "terminal_seen",
+    )
+
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        rec: Recorder | None,
+        options: GuardOptions,
+        host: Host,
+        watchdog: Watchdog,
+    ) -> None:
+        self.lifecycle = lifecycle
+        self.rec = rec
+        self.options = options
+        self._host = host
+        self._watchdog = watchdog
+        #: Events forwarded so far (the hot loop keeps its own count and writes it back here).
+        self.n = 0
+        #: Plain str types already seen to need nothing but forwarding: the hot loop forwards them.
+        #: Emptied (go_slow) once every event must take the slow path.
+        self.hot: set[str] = set()
+        self.slow = False
+        #: The terminal was seen (or synthesised): anything after it is an anomaly.
+        self.terminal_seen = False
+        #: The last response snapshot the stream carried: what a synthesised terminal is built on.
+        self._snapshot: dict[str, Any] | None = None
+        #: A terminal's decision, applied when the inner stream ends (see settle).
+        self._pending: Decision | None = None
+        #: The ending the guard recorded on its own (the watchdog: stuck, abandoned): final. Nothing
+        #: the inner stream produces afterwards is forwarded (see _after_own_ending).
+        self.own_ending: Decision | None = None
+        #: Asks the hot loop to finish after the event returned.
+        self.stop_after = False
+        #: Asks the guard to close the inner stream in the background, not in its call.
+        self.abandon_inner = False
+
+    def flags(self) -> Flags:
+        return self._host.flags()
+
+    def go_slow(self) -> None:
+        """From now on every event takes the slow path."""
+        self.slow = True
+        self.hot.clear()
+
+    def event(self, event: Any) -> Any:
+        etype = event_type_of(event)
+        if self._watchdog.cancel_pending:
+            return self._stuck_cancel_swallowed(event, etype)
+        if self.own_ending is not None:
+            return self._after_own_ending(event, etype)
+        if self.terminal_seen:
+            duplicate = isinstance(etype, str) and etype in TERMINAL_TYPES
+            kind = AnomalyKind.DUPLICATE_TERMINAL if duplicate else AnomalyKind.EVENT_AFTER_TERMINAL
+            self._anomaly(kind, f"{etype!r} after the terminal was not forwarded", etype, event)
+            return DROP
+        if not isinstance(etype, str) or not etype:
+            return self._untyped_event(event, etype)
+        kind_ = LIFECYCLE_KINDS.get(etype)
+        if kind_ is Kind.TERMINAL:
+            return self._on_terminal(event, etype)
+        if kind_ is not None:
+            self._on_lifecycle_event(event, etype, kind_)
+        elif type(etype) is str and not self.slow:
+            self.hot.add(etype)  # an output or delta type: the hot path forwards it from now on
+        return self._forward(event, etype)
+
+    def _forward(self, event: Any, etype: str | None) -> Any:
+        n = self.n
+        self.n = n + 1
+        # The slow path runs for lifecycle events and terminals: keep the row's count exact there.
+        self.lifecycle.events_forwarded = n + 1
+        if self.rec is not None:
+            self.rec.event(n, etype, event)
+        return event
+
+    def _untyped_event(self, event: Any, etype: object) -> Any:
+        if isinstance(event, Mapping):
+            reason = "event has no 'type'" if etype is None or etype == "" else f"event 'type' is {etype!r}"
+            self._anomaly(
+                AnomalyKind.MISSING_TYPE,
+                f"{reason}; not forwarded: the host cannot accept it",
+                None,
+                event,
+                strict=True,
+            )
+            return DROP
+        if isinstance(event, _PRIMITIVES):
+            self._anomaly(
+                AnomalyKind.NOT_A_MAPPING,
+                f"event is a {type(event).__name__}, not a mapping; not forwarded: the host cannot accept it",
+                None,
+                event,
+                strict=True,
+            )
+            return DROP
+        # An object the guard does not know (a ResponseCheckpointEvent, say): the host's business.
+        return self._forward(event, None)
+
+    def _after_own_ending(self, event: Any, etype: object) -> Any:
+        """The inner stream produced an event after the guard recorded an ending of its own.
+
+        That ending is final: the event is not forwarded (an anomaly keeps it), the terminal the
+        ending calls for is forwarded in its place if none was, the inner stream is closed and the
+        guard's stream ends. So the record and the forwarded stream never disagree: a shielded model
+        call that returns after a stuck ending cannot forward a late delta and ``response.completed``.
+        """
+        decision = self.own_ending
+        assert decision is not None
+        duplicate = isinstance(etype, str) and etype in TERMINAL_TYPES
+        self._anomaly(
+            AnomalyKind.DUPLICATE_TERMINAL if duplicate else AnomalyKind.EVENT_AFTER_TERMINAL,
+            f"{etype!r} produced after the guard recorded its ending ({decision.state.value}, "
+            f"{decision.cause.value}); not forwarded",
+            etype,
+            event,
+        )
+        out = self.own_terminal()
+        if self._watchdog.handled:
+            self.abandon_inner = True  # it may be as slow to close as it was to return
+        self.stop_after = True
+        return out
+
+    def _stuck_cancel_swallowed(self, event: Any, etype: object) -> Any:
+        # The inner stream swallowed the cancel we sent it after cancel_grace: take it back and end.
+        self._watchdog.give_back()
+        self.settle()
+        self.lifecycle.note(
+            AnomalyKind.STUCK,
+            f"{STUCK_MESSAGE}; it swallowed the cancel and produced {etype!r}, not forwarded",
+            event_type=etype if isinstance(etype, str) else None,
+            event_index=self.n,
+            payload=event,
+        )
+        self.terminal_seen = True
+        out = DROP
+        if not self.lifecycle.terminal:
+            out = self.end_with(decide(Ending.STUCK, self.flags(), self.options))
+        self.abandon_inner = True
+        self.stop_after = True
+        return out
+
+    def _on_lifecycle_event(self, event: Any, etype: str, kind: Kind) -> None:
+        lc = self.lifecycle
+        try:
+            parsed = parse_lifecycle_event(event)
+        except LifecycleEventError as exc:
+            self._anomaly(AnomalyKind.INVALID_LIFECYCLE_EVENT, f"{etype}: {exc}", etype, event, strict=True)
+            return
+        snapshot = parsed.response
+        if lc.info.response_id is None and snapshot.id:
+            lc.info.response_id = snapshot.id
+        self._snapshot = snapshot.model_dump(mode="json", exclude_none=True)
+        if kind is Kind.CREATED:
+            target = State.QUEUED if snapshot.status == "queued" else State.IN_PROGRESS
+        elif kind is Kind.QUEUED:
+            target = State.QUEUED
+        else:
+            target = State.IN_PROGRESS
+        if lc.state is target:
+            return
+        if target is State.QUEUED and lc.state is State.IN_PROGRESS:
+            self._anomaly(
+                AnomalyKind.OUT_OF_ORDER, f"{etype} after response.in_progress", etype, None, strict=True
+            )
+            return
+        try:
+            lc.transition(target, reason=etype)
+        except IllegalTransition as exc:
+            self._anomaly(AnomalyKind.ILLEGAL_TRANSITION, str(exc), etype, None, strict=True)
+            return
+        if self.rec is not None:
+            self.rec.changed()
+
+    def _on_terminal(self, event: Any, etype: str) -> Any:
+        lc = self.lifecycle
+        flags = self.flags()  # at this moment, not later: see the README
+        self.terminal_seen = True
+        self.go_slow()
+        unreadable = False
+        try:
+            parsed = parse_lifecycle_event(event)
+        except LifecycleEventError as exc:
+            self._anomaly(AnomalyKind.INVALID_LIFECYCLE_EVENT, f"{etype}: {exc}", etype, event)
+            unreadable = True
+            ending = {"response.completed": Ending.COMPLETED, "response.incomplete": Ending.INCOMPLETE}.get(
+                etype, Ending.FAILED
+            )
+        else:
+            assert isinstance(parsed, ResponseCompleted | ResponseIncomplete | ResponseFailed)
+            claim = read_terminal(parsed)
+            if claim.mismatch:
+                self._anomaly(
+                    AnomalyKind.STATUS_MISMATCH,
+                    claim.mismatch + "; the event type wins",
+                    etype,
+                    None,
+                    strict=True,
+                )
+            if lc.info.response_id is None and parsed.response.id:
+                lc.info.response_id = parsed.response.id  # a stream whose start was missing or unreadable
+            if claim.usage is not None:
+                lc.usage = claim.usage
+            if claim.error is not None:
+                lc.error = claim.error
+            ending = Ending(claim.state.value)
+            snap = parsed.response.model_dump(mode="json", exclude_none=True)
+            self._snapshot = snap
+        decision = decide(ending, flags, self.options)
+        if unreadable and decision.state in _NEEDS_START:
+            # Forwarded as it is, so recorded as it claims: never as a failure, but not verified.
+            decision = dataclasses.replace(
+                decision,
+                unverified=True,
+                reason=f"{decision.reason}; {etype} could not be read: not verified",
+            )
+        if ending is Ending.CANCELLED and not flags.client_cancelled:
+            self._anomaly(
+                AnomalyKind.CANCEL_WITHOUT_CLIENT_CANCEL,
+                "the inner stream reported a cancel the host did not ask for",
+                etype,
+                None,
+            )
+        if decision.state is State.CANCELLED or lc.ended:
+            self.apply(decision)
+        else:
+            # Settled when the inner stream ends (see _settle): a client cancel that lands between
+            # this terminal and the end of the stream still makes the host report cancelled.
+            self._pending = decision
+        forward = decision.forward
+        if forward is Forward.PASS:
+            return self._forward(event, etype)
+        if forward is Forward.NOTHING:
+            self._anomaly(AnomalyKind.TERMINAL_WITHHELD, f"{etype} withheld: {decision.reason}", etype, event)
+            return DROP
+        self._anomaly(AnomalyKind.TERMINAL_REPLACED, f"{etype} replaced: {decision.reason}", etype, event)
+        if forward is Forward.CANCELLED:
+            return self._forward(self._synthesise("cancelled", None, None), "response.failed")
+        return self._forward(
+            self._synthesise("failed", "server_shutdown", decision.reason), "response.failed"
+        )
+
+    def _synthesise(self, status: str, code: str | None, message: str | None) -> Any:
+        """A ``response.failed`` terminal built on the last response snapshot; DROP if none exists."""
+        if self._snapshot is None:
+            # Without a created event the host would refuse any terminal: forward nothing, say so.
+            self.lifecycle.note(
+                AnomalyKind.MISSING_TERMINAL,
+                f"no response.{status} forwarded: the stream never produced response.created",
+                event_index=self.n,
+            )
+            return DROP
+        response = dict(self._snapshot)
+        response["status"] = status
+        if code is None:
+            response.pop("error", None)
+        else:
+            response["error"] = {"code": code, "message": message or code}
+        self.terminal_seen = True
+        self.go_slow()
+        return {"type": "response.failed", "response": response}
+
+    def _anomaly(
+        self,
+        kind: AnomalyKind,
+        reason: str,
+        etype: object,
+        event: Any,
+        *,
+        strict: bool = False,
+    ) -> None:
+        self.lifecycle.note(
+            kind,
+            reason,
+            event_type=etype if isinstance(etype, str) else None,
+            event_index=self.n,
+            payload=event,
+        )
+        if self.rec is not None:
+            self.rec.changed()
+        if strict and self.options.strict:
+            raise InvalidEvent(reason)
+
+    def settle(self) -> None:
+        """Apply the terminal's decision, now that the inner stream has ended (or the guard has).
+
+        The flags were read when the terminal was produced; only a client cancel is read again here,
+        at the end of the stream and never later: the host reports ``cancelled`` for a client that
+        cancelled or disconnected before the handler ended, even after a forwarded terminal. (The
+        signal alone is not read again: newer hosts set it after every foreground completion.)
+        """
+        decision = self._pending
+        if decision is None:
+            return
+        self._pending = None
+        if self.flags().client_cancelled:
+            decision = Decision(
+                Forward.NOTHING,
+                State.CANCELLED,
+                Cause.CLIENT_CANCEL,
+                "client cancel after the terminal was forwarded, before the stream ended",
+            )
+        self.apply(decision)
+
+    def apply(self, decision: Decision) -> None:
+        """Move the lifecycle to the decided ending, or explain why it could not."""
+        lc = self.lifecycle
+        lc.events_forwarded = self.n
+        if decision.state in _NEEDS_START and lc.state in (State.NEW, State.INTERRUPTED):
+            # A completion the stream never started (its created event was missing or could not be
+            # read): the record follows what was forwarded, through an implied start, unverified.
+            lc.transition(
+                State.IN_PROGRESS, reason="implied by the terminal: the stream never reported its start"
+            )
+            decision = dataclasses.replace(
+                decision,
+                unverified=True,
+                reason=f"{decision.reason}; the stream never reported its start: not verified",
+            )
+        if decision.steering_cut_short:
+            lc.steering_cut_short = True
+        if decision.unverified:
+            lc.unverified = True
+            lc.note(AnomalyKind.UNVERIFIED_COMPLETION, decision.reason, event_index=self.n)
+        if lc.state is not decision.state:
+            try:
+                lc.transition(decision.state, cause=decision.cause, reason=decision.reason)
+            except IllegalTransition as exc:
+                lc.note(AnomalyKind.ILLEGAL_TRANSITION, str(exc), event_index=self.n)
+                if not lc.ended:
+                    # Never leave a stream that is over looking as if it were still running.
+                    lc.transition(State.FAILED, cause=decision.cause, reason=f"refused: {exc.reason}")
+        if self.rec is not None:
+            self.rec.changed()
+
+    def end_with(self, decision: Decision) -> Any:
+        """Apply a decision reached without a terminal from the inner stream; what to forward."""
+        self.apply(decision)
+        return self._terminal_for(decision)
+
+    def own_terminal(self) -> Any:
+        """The terminal the guard's own ending calls for, once, when the consumer is back to take it."""
+        decision = self.own_ending
+        if decision is None or self.terminal_seen:
+            return DROP
+        self.terminal_seen = True
+        return self._terminal_for(decision)
+
+    def _terminal_for(self, decision: Decision) -> Any:
+        """The terminal to forward for a decision reached without one from the inner stream."""
+        synthesised: Any = DROP
+        if decision.forward is Forward.FAILED_MISSING_TERMINAL:
+            synthesised = self._synthesise("failed", decision.cause.value, decision.reason)
+        elif decision.forward is Forward.CANCELLED:
+            synthesised = self._synthesise("cancelled", None, None)
+        if synthesised is not DROP:
+            return self._forward(synthesised, "response.failed")
+        if decision.cause.value == "missing_terminal":
+            self.lifecycle.note(AnomalyKind.MISSING_TERMINAL, decision.reason, event_index=self.n)
+        return DROP
+
+    def record_stuck(self, reason: str) -> None:
+        """Record a stuck ending while the consumer is still blocked in the inner stream's await."""
+        self.lifecycle.note(AnomalyKind.STUCK, reason, event_index=self.n)
+        self.settle()
+        if not self.lifecycle.terminal:
+            self.own(decide(Ending.STUCK, self.flags(), self.options))
+        elif self.rec is not None:
+            self.rec.changed()
+
+    def own(self, decision: Decision) -> None:
+        """Record an ending the guard reached on its own, while the inner stream still runs: final.
+
+        From now on nothing the inner stream produces is forwarded (see _after_own_ending), so
+        that the recorded ending and the forwarded stream never disagree.
+        """
+        self.apply(decision)
+        self.own_ending = decision
+        self.go_slow()
