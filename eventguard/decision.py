@@ -7,6 +7,7 @@ the flags at the moment the inner stream produced its terminal (or ended) and pa
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -16,7 +17,17 @@ from eventguard.lifecycle import Cause, State
 if TYPE_CHECKING:  # the guard's options object; decide() only reads it (no import cycle at run time)
     from eventguard.guard.options import GuardOptions
 
-__all__ = ["TERMINAL_ENDINGS", "Decision", "Ending", "Flags", "Forward", "decide"]
+__all__ = [
+    "NEEDS_START",
+    "TERMINAL_ENDINGS",
+    "Decision",
+    "Ending",
+    "Flags",
+    "Forward",
+    "decide",
+    "settle",
+    "unverified",
+]
 
 
 class Ending(Enum):
@@ -142,6 +153,38 @@ def _decide(ending: Ending, flags: Flags, on_cancel: str, *, keep: bool, recover
 
 
 _RAISED = frozenset({Ending.RAISED, Ending.RAISED_CANCELLED, Ending.RAISED_BASE})
+
+#: Endings a lifecycle cannot reach without having started.
+NEEDS_START = frozenset({State.COMPLETED, State.INCOMPLETE})
+
+
+def settle(decision: Decision, flags: Flags) -> Decision:
+    """A terminal's decision, applied when the inner stream ends, by the flags at that end.
+
+    The flags were read when the terminal was produced; only a client cancel counts again here, at the
+    end of the stream and never later: the host reports ``cancelled`` for a client that cancelled or
+    disconnected before the handler ended, even after a forwarded terminal. (The signal alone does not
+    count again: newer hosts set it after every foreground completion.)
+    """
+    if flags.client_cancelled:
+        return Decision(
+            Forward.NOTHING,
+            State.CANCELLED,
+            Cause.CLIENT_CANCEL,
+            "client cancel after the terminal was forwarded, before the stream ended",
+        )
+    return decision
+
+
+def unverified(decision: Decision, why: str) -> Decision:
+    """A completion recorded as it claims but without proof (``why``): never a failure, but flagged.
+
+    For a terminal that could not be read, and for one whose stream never reported its start (the record
+    follows what was forwarded, through an implied start). Other endings are returned as they are.
+    """
+    if decision.state not in NEEDS_START:
+        return decision
+    return dataclasses.replace(decision, unverified=True, reason=f"{decision.reason}; {why}: not verified")
 
 
 def _decide_terminal(ending: Ending, flags: Flags, *, keep: bool) -> Decision:

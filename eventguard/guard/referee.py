@@ -10,11 +10,10 @@ the cause flags come from the host adapter, records go to the recorder's buffer,
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any, Final
 
-from eventguard.decision import Decision, Ending, Flags, Forward, decide
+from eventguard.decision import NEEDS_START, Decision, Ending, Flags, Forward, decide, settle, unverified
 from eventguard.errors import IllegalTransition, InvalidEvent
 from eventguard.events import (
     LIFECYCLE_KINDS,
@@ -31,7 +30,7 @@ from eventguard.events import (
 from eventguard.guard.host import Host
 from eventguard.guard.options import GuardOptions
 from eventguard.guard.watchdog import STUCK_MESSAGE, Watchdog
-from eventguard.lifecycle import AnomalyKind, Cause, Lifecycle, State
+from eventguard.lifecycle import AnomalyKind, Lifecycle, State
 from eventguard.recording import Recorder
 
 __all__ = ["DROP", "Referee"]
@@ -39,8 +38,6 @@ __all__ = ["DROP", "Referee"]
 #: Returned for an event that is not forwarded.
 DROP: Final = object()
 _PRIMITIVES: Final = (str, bytes, bytearray, int, float, bool, list, tuple, set, type(None))
-#: Endings a lifecycle cannot reach without having started (see Referee.apply).
-_NEEDS_START: Final = frozenset({State.COMPLETED, State.INCOMPLETE})
 
 
 class Referee:
@@ -268,13 +265,9 @@ class Referee:
             snap = parsed.response.model_dump(mode="json", exclude_none=True)
             self._snapshot = snap
         decision = decide(ending, flags, self.options)
-        if unreadable and decision.state in _NEEDS_START:
+        if unreadable:
             # Forwarded as it is, so recorded as it claims: never as a failure, but not verified.
-            decision = dataclasses.replace(
-                decision,
-                unverified=True,
-                reason=f"{decision.reason}; {etype} could not be read: not verified",
-            )
+            decision = unverified(decision, f"{etype} could not be read")
         if ending is Ending.CANCELLED and not flags.client_cancelled:
             self._anomaly(
                 AnomalyKind.CANCEL_WITHOUT_CLIENT_CANCEL,
@@ -343,41 +336,25 @@ class Referee:
             raise InvalidEvent(reason)
 
     def settle(self) -> None:
-        """Apply the terminal's decision, now that the inner stream has ended (or the guard has).
-
-        The flags were read when the terminal was produced; only a client cancel is read again here,
-        at the end of the stream and never later: the host reports ``cancelled`` for a client that
-        cancelled or disconnected before the handler ended, even after a forwarded terminal. (The
-        signal alone is not read again: newer hosts set it after every foreground completion.)
-        """
+        """Apply the terminal's decision, now that the inner stream has ended (or the guard has):
+        by the flags at this end, as ``decision.settle`` says."""
         decision = self._pending
         if decision is None:
             return
         self._pending = None
-        if self.flags().client_cancelled:
-            decision = Decision(
-                Forward.NOTHING,
-                State.CANCELLED,
-                Cause.CLIENT_CANCEL,
-                "client cancel after the terminal was forwarded, before the stream ended",
-            )
-        self.apply(decision)
+        self.apply(settle(decision, self.flags()))
 
     def apply(self, decision: Decision) -> None:
         """Move the lifecycle to the decided ending, or explain why it could not."""
         lc = self.lifecycle
         lc.events_forwarded = self.n
-        if decision.state in _NEEDS_START and lc.state in (State.NEW, State.INTERRUPTED):
+        if decision.state in NEEDS_START and lc.state in (State.NEW, State.INTERRUPTED):
             # A completion the stream never started (its created event was missing or could not be
             # read): the record follows what was forwarded, through an implied start, unverified.
             lc.transition(
                 State.IN_PROGRESS, reason="implied by the terminal: the stream never reported its start"
             )
-            decision = dataclasses.replace(
-                decision,
-                unverified=True,
-                reason=f"{decision.reason}; the stream never reported its start: not verified",
-            )
+            decision = unverified(decision, "the stream never reported its start")
         if decision.steering_cut_short:
             lc.steering_cut_short = True
         if decision.unverified:

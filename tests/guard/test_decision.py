@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from eventguard import Cause, State
-from eventguard.decision import Ending, Flags, Forward, decide
+from eventguard.decision import Ending, Flags, Forward, decide, settle, unverified
 from eventguard.guard.options import GuardOptions
 
 NONE = Flags()
@@ -136,3 +136,24 @@ def test_value_objects_are_frozen_and_slotted(value: object) -> None:
 def test_on_cancel_is_compared_by_value_not_identity() -> None:
     emit = "".join(["e", "mit"])  # equal to "emit", but not the interned literal
     assert decide(Ending.COMPLETED, CLIENT_CANCEL, GuardOptions(on_cancel=emit)).forward is Forward.CANCELLED
+
+
+def test_a_terminal_is_settled_as_a_cancel_only_by_a_client_cancel_at_the_end() -> None:
+    kept = decide(Ending.COMPLETED, NONE)
+    for flags in (NONE, STEERING, SHUTDOWN, EXITING):
+        assert settle(kept, flags) is kept
+    settled = settle(kept, CLIENT_CANCEL)
+    assert (settled.forward, settled.state, settled.cause) == (
+        Forward.NOTHING,
+        State.CANCELLED,
+        Cause.CLIENT_CANCEL,
+    )
+
+
+def test_only_a_completion_is_marked_unverified() -> None:
+    for ending in (Ending.COMPLETED, Ending.INCOMPLETE):
+        marked = unverified(decide(ending, NONE), "why")
+        assert marked.unverified
+        assert marked.reason == f"inner stream {ending.value}; why: not verified"
+    failed = decide(Ending.FAILED, NONE)
+    assert unverified(failed, "why") is failed
