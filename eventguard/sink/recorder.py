@@ -69,6 +69,8 @@ class SqlRecorder:
         "_numbers",
         "_owner",
         "_response_id",
+        "_shift",
+        "_shift_from",
         "_sink",
         "_sink_idx",
         "_transitions_taken",
@@ -102,8 +104,12 @@ class SqlRecorder:
         self.closing = False
         #: Set when the database refused this stream's status (another writer holds a terminal).
         self.refusal: Refusal | None = None
-        #: This stream's identity: another stream with the same response id has another.
+        #: This stream's identity: another stream with the same response id has another. Once the
+        #: writer stores the stream under other attempt numbers (see ``renumber``), its stored form.
         self.stream_id = uuid.uuid4().hex
+        #: Attempts from ``_shift_from`` on are stored ``_shift`` higher (see ``renumber``).
+        self._shift = 0
+        self._shift_from = 0
         #: Sink anomalies about changed values, waiting for the next batch (the id may be unknown).
         self._notes: list[tuple[str, str, str | None, int | None, PreSerialised | None]] = []
         #: Per row column: (the value last seen, what is stored for it), so a value is checked,
@@ -163,6 +169,15 @@ class SqlRecorder:
     def finished(self) -> None:
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
+
+    def renumber(self, attempt: int, shift: int, stream_id: str) -> None:
+        """From the lifecycle's ``attempt`` on, store this stream ``shift`` attempts higher, as
+        ``stream_id``: the writer found its attempt taken (see :mod:`eventguard.sink.writer`)."""
+        self._shift_from, self._shift, self.stream_id = attempt, shift, stream_id
+
+    def _stored(self, attempt: int) -> int:
+        """The attempt number a lifecycle ``attempt`` of this stream is stored under."""
+        return attempt + self._shift if attempt >= self._shift_from else attempt
 
     def response_id(self) -> str | None:
         if self._response_id is None:
@@ -284,6 +299,9 @@ class SqlRecorder:
         # small chunks (encode_some), so the snapshot stays synchronous and cheap while the
         # client's stream keeps its loop turns.
         batch.raw, self.pending = self.pending, []
+        if self._shift:
+            stored = self._stored
+            batch.raw = [(stored(a), s, t, e) for a, s, t, e in batch.raw]
         self._transitions_taken = n_transitions
         self._anomalies_taken = n_anomalies
         if batch.refusal_idx is not None:
@@ -305,9 +323,10 @@ class SqlRecorder:
 
     def _build(self, rid: str, lc: Lifecycle, n_transitions: int, n_anomalies: int) -> Batch:
         now = datetime.now(UTC)
+        stored = self._stored
         batch = Batch(
             response_id=rid,
-            attempt=lc.attempt,
+            attempt=stored(lc.attempt),
             owner=self._owner,
             row={},
             terminal=False,
@@ -320,7 +339,7 @@ class SqlRecorder:
             batch.transitions.append(
                 {
                     "response_id": rid,
-                    "attempt": t.attempt,
+                    "attempt": stored(t.attempt),
                     "idx": t.index,
                     "from_state": t.from_state.value,
                     "to_state": t.to_state.value,
@@ -348,7 +367,7 @@ class SqlRecorder:
             batch.anomalies.append(
                 {
                     "response_id": rid,
-                    "attempt": a.attempt,
+                    "attempt": stored(a.attempt),
                     "source": "guard",
                     "idx": a.index,
                     "kind": a.kind.value,
@@ -361,7 +380,8 @@ class SqlRecorder:
             )
 
         batch.row = self._row(now)
-        self._flush_notes(batch, lc.attempt)
+        batch.row["attempt"] = batch.attempt
+        self._flush_notes(batch, batch.attempt)
         batch.terminal = batch.row["status"] in TERMINAL
         if batch.row["status"] != self._last_status:
             batch.refusal_idx = self._next_sink_idx()

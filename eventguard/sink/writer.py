@@ -26,6 +26,18 @@ refused stream. The database decides (the conditional upsert, then the read-back
 in Python alone, so two replicas racing for one id get one owner. Exceptions:
 
 - a higher attempt (a recovered re-entry) is a new attempt: it takes the row over, as before;
+- an attempt another stream left ``interrupted`` is taken over by the next stream that carries it
+  (the host recovers a response more than once, and ``Lifecycle.for_recovery`` always says attempt
+  2): that stream is stored under the next attempt number, so each run keeps its own events,
+  transitions and anomalies (their keys hold the attempt) and the last run's ending is recorded.
+  The row stores its stream id as ``<stream id>@+<shift>``: every attempt of that stream is stored
+  ``<shift>`` higher than its lifecycle says. Its batches written before it knew (spooled, or in
+  flight) are judged against that row and renumbered the same way in the write, and its recorder
+  renumbers what it collects from then on. A second stream that carries the same lifecycle
+  attempt while the new owner's row is not interrupted is renumbered the same way and is a
+  duplicate of it, as above (two replicas recovering one response at once get one owner). The
+  row names only its current stream: a batch of the interrupted stream itself, replayed from a
+  spool after the takeover, cannot be told from such a second stream and is a duplicate too;
 - a batch without a ``stream_id`` (a spool older than it) counts as the row's own stream, and
   a row without one (written before it) is claimed by the next stream that writes it;
 - an attempt older than the row's is not comparable (the row only names the current attempt's
@@ -189,6 +201,7 @@ async def _write_rows(conn: AsyncConnection, batches: Sequence[Batch]) -> list[R
     """Upsert every batch's row; per batch, the refusal or the duplicate (None: written, or
     nothing to write)."""
     out: list[Refusal | Duplicate | None] = [None] * len(batches)
+    tries = [0] * len(batches)
     todo = list(range(len(batches)))
     while todo:
         # One statement may touch a row once (PostgreSQL refuses more): a response that has
@@ -196,6 +209,7 @@ async def _write_rows(conn: AsyncConnection, batches: Sequence[Batch]) -> list[R
         seen: set[str] = set()
         now: list[int] = []
         later: list[int] = []
+        again: list[int] = []
         for i in todo:
             rid = batches[i].response_id
             (later if rid in seen else now).append(i)
@@ -206,11 +220,18 @@ async def _write_rows(conn: AsyncConnection, batches: Sequence[Batch]) -> list[R
             if await _upsert(conn, chunk) == len(chunk):
                 continue  # every row written: nothing was refused
             # Some row was left alone. Judging a row this statement did write always finds
-            # nothing to report (its stored state is the batch's own), so judge them all.
+            # nothing to report (its stored state is the batch's own), so judge them all. The
+            # conflicting rows are locked (or, on SQLite, the database is) until the commit:
+            # what is read here is what the next round's statement finds.
             found = await _stored(conn, {b.response_id for b in chunk})
             for i, b in zip(ids, chunk, strict=True):
-                out[i] = _judge(b, found.get(b.response_id))
-        todo = later
+                row = found.get(b.response_id)
+                if tries[i] < _RENUMBER_TRIES and _renumber(b, row):
+                    tries[i] += 1
+                    again.append(i)  # stored under another attempt now: its row is written again
+                    continue
+                out[i] = _judge(b, row)
+        todo = sorted(later + again)
     return out
 
 
@@ -247,6 +268,72 @@ async def _stored(conn: AsyncConnection, ids: set[str]) -> dict[str, Any]:
         )
     )
     return {row.response_id: row for row in rows}
+
+
+#: The marker between a stream's id and the shift of its stored attempts (see the module docstring).
+_SHIFT = "@+"
+#: How many times one batch may be renumbered in one write (once, or twice when a takeover follows).
+_RENUMBER_TRIES = 3
+
+
+def split_stream(stream_id: str) -> tuple[str, int]:
+    """``(the stream's own id, the shift of its stored attempts)`` of a stored stream id."""
+    base, sep, shift = stream_id.rpartition(_SHIFT)
+    if sep and base and shift.isascii() and shift.isdigit():
+        return base, int(shift)
+    return stream_id, 0
+
+
+def _renumber(batch: Batch, found: Any) -> bool:
+    """Store ``batch`` under the attempt its stream has (or takes) in the row ``found``: whether
+    that changed it (its row is then written again). See "One response id, two streams".
+
+    A stream's own attempts are its lifecycle's, plus the shift its stored id carries. A batch
+    of the attempt the row's stream holds (by its own count) takes the row's shift: the row's own
+    stream (a batch it sent before it knew), or another stream of that attempt (a duplicate of
+    it); a later attempt takes it too. And when the row is ``interrupted`` and another stream
+    carries its attempt, that stream takes the next attempt number. An earlier attempt is left
+    as it is (not comparable, as before), and so is a batch or a row without a stream id.
+    """
+    if found is None or batch.stream_id is None:
+        return False
+    base, shift = split_stream(batch.stream_id)
+    own = batch.attempt - shift  # the attempt as the stream's lifecycle counts it
+    if found.stream_id is None:
+        row_base, row_shift = None, 0
+    else:
+        row_base, row_shift = split_stream(found.stream_id)
+    row_own = found.attempt - row_shift
+    if own < row_own:
+        return False
+    new = row_shift
+    if base != row_base and own + new == found.attempt and found.status == "interrupted":
+        new += 1  # takes over the attempt another stream left interrupted: the next number
+    if new == shift:
+        return False
+    stream = f"{base}{_SHIFT}{new}" if new else base
+    _shift_batch(batch, new - shift, stream)
+    if batch.source is not None:
+        batch.source.renumber(own, new, stream)
+    return True
+
+
+def _shift_batch(batch: Batch, by: int, stream: str) -> None:
+    """``batch`` stored ``by`` attempts higher (its items of an earlier attempt stay), as ``stream``."""
+    first = batch.attempt
+
+    def move(attempt: int) -> int:
+        return attempt + by if attempt >= first else attempt
+
+    batch.attempt = move(first)
+    batch.stream_id = stream
+    if "attempt" in batch.row:
+        batch.row["attempt"] = move(batch.row["attempt"])
+    batch.events = [(move(a), s, t, p) for a, s, t, p in batch.events]
+    batch.raw = [(move(a), s, t, e) for a, s, t, e in batch.raw]
+    for item in (*batch.transitions, *batch.anomalies):
+        if isinstance(item.get("attempt"), int):
+            item["attempt"] = move(item["attempt"])
 
 
 def _judge(batch: Batch, found: Any) -> Refusal | Duplicate | None:
