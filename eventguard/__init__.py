@@ -4,8 +4,8 @@ The public surface is these names; every module behind them is an implementation
 
 The guard, the lifecycle model, the decision table, the errors and the ``Recorder``/``Sink``
 protocols are imported with the package. The heavy parts (the SQL sink and the store, which load
-SQLAlchemy and Alembic) are imported on first use of one of their names, so
-``from eventguard import guard`` stays cheap.
+SQLAlchemy and Alembic) and the store's record types are imported on first use of one of their
+names, so ``from eventguard import guard`` stays cheap.
 """
 
 import importlib as _importlib
@@ -40,6 +40,17 @@ from eventguard.lifecycle import (
 from eventguard.recording import Recorder, Sink
 
 if _typing.TYPE_CHECKING:
+    from eventguard.records import (
+        AnomalyRecord,
+        Attempt,
+        EventRecord,
+        History,
+        Page,
+        PruneResult,
+        ResponseRecord,
+        Stats,
+        TransitionRecord,
+    )
     from eventguard.sink import (
         EventFilter,
         InvalidQueryError,
@@ -57,6 +68,15 @@ except _PackageNotFoundError:  # a source tree that was never installed
 
 #: The heavy names, each imported from its module on first use (see ``__getattr__``).
 _LAZY: dict[str, str] = {
+    "AnomalyRecord": "eventguard.records",
+    "Attempt": "eventguard.records",
+    "EventRecord": "eventguard.records",
+    "History": "eventguard.records",
+    "Page": "eventguard.records",
+    "PruneResult": "eventguard.records",
+    "ResponseRecord": "eventguard.records",
+    "Stats": "eventguard.records",
+    "TransitionRecord": "eventguard.records",
     "EventFilter": "eventguard.sink",
     "InvalidQueryError": "eventguard.sink",
     "Redactor": "eventguard.sink",
@@ -87,32 +107,41 @@ __all__ = [
     "TERMINAL_STATES",
     "Anomaly",
     "AnomalyKind",
+    "AnomalyRecord",
+    "Attempt",
     "Cause",
     "Decision",
     "Ending",
     "ErrorInfo",
     "EventFilter",
     "EventGuardError",
+    "EventRecord",
     "Flags",
     "Forward",
     "Guard",
     "GuardAlreadyUsed",
     "GuardOutsideLoop",
+    "History",
     "IllegalTransition",
     "InvalidEvent",
     "InvalidQueryError",
     "Lifecycle",
     "NotAsyncIterable",
+    "Page",
+    "PruneResult",
     "Recorder",
     "Redactor",
     "ResponseInfo",
+    "ResponseRecord",
     "ResponseStore",
     "SchemaMismatchError",
     "Sink",
     "SqlSink",
     "State",
+    "Stats",
     "StorageError",
     "Transition",
+    "TransitionRecord",
     "Usage",
     "__version__",
     "decide",

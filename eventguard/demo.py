@@ -30,7 +30,7 @@ import uvicorn
 from sqlalchemy.engine import URL
 
 from eventguard import _db
-from eventguard._records import ResponseRecord
+from eventguard.records import ResponseRecord
 from eventguard.sink import SqlSink
 from eventguard.sink import migrate as _migrate
 from eventguard.store import ResponseStore

@@ -16,7 +16,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from eventguard import _db
-from eventguard._records import (
+from eventguard.records import (
     AnomalyRecord,
     Attempt,
     EventRecord,

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from eventguard._records import Attempt, History, TransitionRecord
 from eventguard.errors import IllegalTransition
 from eventguard.events import (
     LIFECYCLE_KINDS,
@@ -30,6 +29,7 @@ from eventguard.events import (
     read_terminal,
 )
 from eventguard.lifecycle import ALLOWED_TRANSITIONS, ENDED_STATES, Lifecycle, State
+from eventguard.records import Attempt, History, TransitionRecord
 from eventguard.sink.tables import responses
 from eventguard.store import ResponseStore
 

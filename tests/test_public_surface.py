@@ -25,32 +25,41 @@ EXPORTED = [
     "TERMINAL_STATES",
     "Anomaly",
     "AnomalyKind",
+    "AnomalyRecord",
+    "Attempt",
     "Cause",
     "Decision",
     "Ending",
     "ErrorInfo",
     "EventFilter",
     "EventGuardError",
+    "EventRecord",
     "Flags",
     "Forward",
     "Guard",
     "GuardAlreadyUsed",
     "GuardOutsideLoop",
+    "History",
     "IllegalTransition",
     "InvalidEvent",
     "InvalidQueryError",
     "Lifecycle",
     "NotAsyncIterable",
+    "Page",
+    "PruneResult",
     "Recorder",
     "Redactor",
     "ResponseInfo",
+    "ResponseRecord",
     "ResponseStore",
     "SchemaMismatchError",
     "Sink",
     "SqlSink",
     "State",
+    "Stats",
     "StorageError",
     "Transition",
+    "TransitionRecord",
     "Usage",
     "__version__",
     "decide",
@@ -149,13 +158,15 @@ def test_the_heavy_names_are_imported_on_first_use() -> None:
     _run(
         "import sys\n"
         "import eventguard\n"
-        "assert 'eventguard.sink' not in sys.modules and 'eventguard.store' not in sys.modules\n"
+        "assert not {'eventguard.sink', 'eventguard.store', 'eventguard.records'} & set(sys.modules)\n"
         "assert 'SqlSink' in dir(eventguard) and 'ResponseStore' in dir(eventguard)\n"
         "from eventguard.sink import SqlSink\n"
         "assert eventguard.SqlSink is SqlSink\n"
         "from eventguard import ResponseStore\n"
         "from eventguard.store import ResponseStore as direct\n"
         "assert ResponseStore is direct\n"
+        "from eventguard.records import History\n"
+        "assert eventguard.History is History\n"
     )
 
 

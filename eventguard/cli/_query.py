@@ -10,7 +10,7 @@ from datetime import datetime
 
 from sqlalchemy import func, select
 
-from eventguard._records import ResponseRecord
+from eventguard.records import ResponseRecord
 from eventguard.sink.tables import responses
 from eventguard.store import ResponseStore
 

@@ -6,7 +6,6 @@ from typing import Annotated, Literal
 
 import typer
 
-from eventguard._records import PruneResult
 from eventguard.cli._common import (
     DatabaseUrl,
     Json,
@@ -16,6 +15,7 @@ from eventguard.cli._common import (
     say,
     store_command,
 )
+from eventguard.records import PruneResult
 from eventguard.store import ResponseStore
 
 OlderThan = Annotated[str, typer.Option("--older-than", help="An age: 30m, 12h, 7d, 2w.", show_default=False)]

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from eventguard._records import Attempt, History, ResponseRecord
 from eventguard.cli import _query
 from eventguard.cli._common import (
     DatabaseUrl,
@@ -29,6 +28,7 @@ from eventguard.cli._common import (
     when,
     with_store,
 )
+from eventguard.records import Attempt, History, ResponseRecord
 from eventguard.sink.tables import STATES
 from eventguard.store import ResponseStore
 

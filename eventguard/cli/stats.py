@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from eventguard._records import Stats
 from eventguard.cli._common import (
     DatabaseUrl,
     Json,
@@ -19,6 +18,7 @@ from eventguard.cli._common import (
     store_command,
     table,
 )
+from eventguard.records import Stats
 from eventguard.store import ResponseStore
 
 

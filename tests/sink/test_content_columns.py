@@ -24,8 +24,8 @@ import pytest
 from sqlalchemy import select
 
 from eventguard import guard
-from eventguard._records import History
 from eventguard.lifecycle import AnomalyKind, Cause, Lifecycle, ResponseInfo, State
+from eventguard.records import History
 from eventguard.sink import SqlSink
 from eventguard.sink.storable import REPLACEMENT, unescape
 from eventguard.sink.tables import responses
