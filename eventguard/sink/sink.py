@@ -9,7 +9,8 @@ What the writer does with a failed write depends on what the error means
 
 - **The database is away** (unreachable, locked, out of disk, a schema to migrate): the batches go
   to the spool, the writer backs off, and the spool is replayed in the background as soon as a
-  write succeeds again (and when the sink starts).
+  write succeeds again (and when the sink starts). So is whatever was spooled without an outage
+  (an overflow spill), and what a replay an error stopped left (after a back-off of its own).
 - **The database refused the content** (a NUL in a TEXT column, a value out of range, a
   constraint): never an outage. The group is split in halves until the refused batches are
   isolated, then within a refused batch its events and anomalies, so everything the database
@@ -82,6 +83,11 @@ REPLAY_CHUNK = 200
 _TEARDOWN_TIMEOUT = 2.0
 #: The writer's pause after an error it did not expect, before its next cycle.
 _ERROR_PAUSE = 0.05
+#: The least time between two replays started by successful writes, when a replay left files.
+_REPLAY_RETRY = 1.0
+#: After a replay an error stopped, the next waits this long, doubling up to the maximum.
+_REPLAY_BACKOFF_FIRST = 0.1
+_REPLAY_BACKOFF_MAX = 30.0
 
 
 @dataclass(slots=True)
@@ -238,6 +244,10 @@ class SqlSink:
         #: Quarantine file appends put off by the hot path (``_overflow``), for the writer to do.
         self._file_backlog: list[tuple[list[QuarantineRecord], str]] = []
         self._deferring = False
+        #: Before this (time.monotonic()), a successful write does not start a replay for
+        #: ``_spooled`` alone (a file another process replays must not be looked at every cycle).
+        self._replay_after = 0.0
+        self._replay_backoff = _REPLAY_BACKOFF_FIRST
 
     def _default_spool(self) -> Path:
         path = _db.sqlite_path(self.url)
@@ -1036,6 +1046,10 @@ class SqlSink:
             )
             self._outage = None
             self._replay_soon()
+        elif self._spooled and time.monotonic() >= self._replay_after:
+            # Spooled without an outage (an overflow, a stream cut short), or left by a replay
+            # that could not finish: a write just went through, so replay it now, not at restart.
+            self._replay_soon()
 
     async def _ensure_ready(self, *, replay: bool = True) -> None:
         if not self._ready:
@@ -1077,6 +1091,7 @@ class SqlSink:
             pending = self.spool.pending()
         except OSError:
             return
+        self._spooled = False  # what is spooled from now on is replayed by the next call
         if pending:
             st.replay = st.loop.create_task(self._replay_background(), name=f"eventguard-replay {self!r}")
 
@@ -1084,12 +1099,22 @@ class SqlSink:
         try:
             result = await self._replay()
         except Exception as exc:
+            # Its file is released, kept whole; _replay set when to try again.
             log.warning(
                 "eventguard sink: replaying %s stopped (%s); it goes on when the database is back",
                 self.spool.path,
                 self._why(exc),
             )
             return None
+        try:
+            left = self.spool.pending()
+        except OSError:
+            left = True
+        if left:
+            # Appended since it began, or a file another process holds (or an append was still
+            # writing to): the next successful write replays again, at most once a second.
+            self._spooled = True
+            self._replay_after = time.monotonic() + _REPLAY_RETRY
         if result.batches or result.bad_lines:
             log.warning(
                 "eventguard sink: replayed %d batches (%d events) from %s; %d quarantined",
@@ -1130,22 +1155,32 @@ class SqlSink:
         tally = _Tally()
         files = 0
         async with st.replay_lock:
-            async with st.lock:
-                await self._ensure_ready(replay=False)
-            taken = self.spool.take()
             try:
-                for file in taken:
-                    try:
-                        await self._replay_file(st, file, tally)
-                    except BaseException:
-                        _release(self.spool, file)
-                        raise
-                    self.spool.done(file)
-                    files += 1
-            finally:
-                close = getattr(taken, "close", None)
-                if close is not None:
-                    close()
+                async with st.lock:
+                    await self._ensure_ready(replay=False)
+                taken = self.spool.take()
+                try:
+                    for file in taken:
+                        try:
+                            await self._replay_file(st, file, tally)
+                        except BaseException:
+                            _release(self.spool, file)
+                            raise
+                        self.spool.done(file)
+                        files += 1
+                finally:
+                    close = getattr(taken, "close", None)
+                    if close is not None:
+                        close()
+            except BaseException:
+                # Stopped (an outage, a cancelled task): what is left stays in the spool, and
+                # the first write that goes through after a back-off of its own (doubling, from
+                # a tenth of a second to half a minute) replays it again, not the next start.
+                self._spooled = True
+                self._replay_after = time.monotonic() + self._replay_backoff
+                self._replay_backoff = min(self._replay_backoff * 2, _REPLAY_BACKOFF_MAX)
+                raise
+            self._replay_backoff = _REPLAY_BACKOFF_FIRST
         self._report(tally.refusals)
         return ReplayResult(
             files, tally.batches, tally.events, tally.bad, tuple(tally.refusals), tally.quarantined
@@ -1176,6 +1211,7 @@ class SqlSink:
             try:
                 await self._apply(chunk, tally)
             except _Stopped as stop:
+                self.stats.last_error = self._why(stop.cause)
                 raise stop.cause from None
             self._recovered()
 
