@@ -18,6 +18,21 @@ from urllib.parse import quote, quote_plus, unquote, unquote_plus
 import orjson
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
+
+# Private: these are the names the rest of eventguard (sink, store, cli, demo, migrations) uses.
+__all__ = [
+    "DEFAULT_SQLITE_FILE",
+    "ENV_URL",
+    "SQLITE_BEGIN_OPTION",
+    "PreSerialised",
+    "create_engine",
+    "resolve_url",
+    "safe_url",
+    "scrub",
+    "sqlite_path",
+    "url_problem",
+    "url_secrets",
+]
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool

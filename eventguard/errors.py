@@ -11,6 +11,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from eventguard.lifecycle import State
 
+__all__ = [
+    "EventGuardError",
+    "GuardAlreadyUsed",
+    "GuardOutsideLoop",
+    "IllegalTransition",
+    "InvalidEvent",
+    "NotAsyncIterable",
+]
+
 
 class EventGuardError(Exception):
     """Base class of every error eventguard raises on purpose."""

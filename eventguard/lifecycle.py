@@ -14,6 +14,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eventguard.errors import IllegalTransition
 
+__all__ = [
+    "ALLOWED_TRANSITIONS",
+    "ENDED_STATES",
+    "TERMINAL_STATES",
+    "Anomaly",
+    "AnomalyKind",
+    "Cause",
+    "ErrorInfo",
+    "Lifecycle",
+    "ResponseInfo",
+    "State",
+    "Transition",
+    "Usage",
+]
+
 
 class State(StrEnum):
     NEW = "new"

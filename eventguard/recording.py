@@ -9,6 +9,8 @@ from typing import Protocol, runtime_checkable
 
 from eventguard.lifecycle import Lifecycle
 
+__all__ = ["Recorder", "Sink"]
+
 
 @runtime_checkable
 class Recorder(Protocol):

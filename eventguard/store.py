@@ -31,7 +31,7 @@ from eventguard.sink import storable
 from eventguard.sink.errors import InvalidQueryError
 from eventguard.sink.tables import ENDED, ID, STATES, anomalies, events, responses, transitions
 
-__all__ = ["ResponseStore"]
+__all__ = ["ResponseStore", "stored_id"]
 
 MAX_LIMIT = 10_000
 #: The response id column's length: a longer id is stored as a prefix and a hash.

@@ -17,6 +17,12 @@ from pathlib import Path
 import pytest
 
 import eventguard
+import eventguard._db
+import eventguard.errors
+import eventguard.lifecycle
+import eventguard.recording
+import eventguard.records
+import eventguard.store
 
 #: Every public name of ``eventguard``, in ``__all__``'s order (constants, classes, then the rest).
 EXPORTED = [
@@ -117,6 +123,26 @@ def test_every_public_name_of_the_package_is_in_all() -> None:
         and not isinstance(getattr(eventguard, name), types.ModuleType)
     }
     assert public == set(eventguard.__all__)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        eventguard._db,
+        eventguard.errors,
+        eventguard.lifecycle,
+        eventguard.recording,
+        eventguard.records,
+        eventguard.store,
+    ],
+    ids=lambda module: module.__name__,
+)
+def test_each_module_declares_its_names_in_a_sorted_all(module: types.ModuleType) -> None:
+    assert module.__all__ == sorted(module.__all__, key=_sort_key)
+    for name in module.__all__:
+        value = getattr(module, name)
+        if inspect.isclass(value) or inspect.isfunction(value):
+            assert value.__module__ == module.__name__, f"{name} is defined in {value.__module__}"
 
 
 @pytest.mark.parametrize("name", EXPORTED)
