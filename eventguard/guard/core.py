@@ -414,7 +414,7 @@ class Guard:
         raise exc
 
     async def _end_stuck(self) -> Any:
-        self.lifecycle.note(AnomalyKind.STUCK, STUCK_MESSAGE, event_index=self._ref.n)
+        self._ref.anomaly(AnomalyKind.STUCK, STUCK_MESSAGE)
         out: Any = DROP
         if not self._ref.terminal_seen and not self.lifecycle.terminal:
             out = self._ref.end_with(decide(Ending.STUCK, self._ref.flags(), self._options))
@@ -470,10 +470,9 @@ class Guard:
             self._ref.settle()
         if not self.lifecycle.ended and (flags.client_cancelled or flags.shutdown):
             # The host stopped iterating and may never resume or close us: record the ending now.
-            self.lifecycle.note(
+            self._ref.anomaly(
                 AnomalyKind.ABANDONED,
                 f"the host stopped iterating for {grace}s after the signal; ending recorded without it",
-                event_index=self._ref.n,
             )
             self._ref.own(decide(Ending.ABANDONED, flags, self._options))
         return False

@@ -110,7 +110,7 @@ class Referee:
         if self.terminal_seen:
             duplicate = isinstance(etype, str) and etype in TERMINAL_TYPES
             kind = AnomalyKind.DUPLICATE_TERMINAL if duplicate else AnomalyKind.EVENT_AFTER_TERMINAL
-            self._anomaly(kind, f"{etype!r} after the terminal was not forwarded", etype, event)
+            self.anomaly(kind, f"{etype!r} after the terminal was not forwarded", etype, event)
             return DROP
         if not isinstance(etype, str) or not etype:
             return self._untyped_event(event, etype)
@@ -135,7 +135,7 @@ class Referee:
     def _untyped_event(self, event: Any, etype: object) -> Any:
         if isinstance(event, Mapping):
             reason = "event has no 'type'" if etype is None or etype == "" else f"event 'type' is {etype!r}"
-            self._anomaly(
+            self.anomaly(
                 AnomalyKind.MISSING_TYPE,
                 f"{reason}; not forwarded: the host cannot accept it",
                 None,
@@ -144,7 +144,7 @@ class Referee:
             )
             return DROP
         if isinstance(event, _PRIMITIVES):
-            self._anomaly(
+            self.anomaly(
                 AnomalyKind.NOT_A_MAPPING,
                 f"event is a {type(event).__name__}, not a mapping; not forwarded: the host cannot accept it",
                 None,
@@ -166,7 +166,7 @@ class Referee:
         decision = self.own_ending
         assert decision is not None
         duplicate = isinstance(etype, str) and etype in TERMINAL_TYPES
-        self._anomaly(
+        self.anomaly(
             AnomalyKind.DUPLICATE_TERMINAL if duplicate else AnomalyKind.EVENT_AFTER_TERMINAL,
             f"{etype!r} produced after the guard recorded its ending ({decision.state.value}, "
             f"{decision.cause.value}); not forwarded",
@@ -183,12 +183,11 @@ class Referee:
         # The inner stream swallowed the cancel we sent it after cancel_grace: take it back and end.
         self._watchdog.give_back()
         self.settle()
-        self.lifecycle.note(
+        self.anomaly(
             AnomalyKind.STUCK,
             f"{STUCK_MESSAGE}; it swallowed the cancel and produced {etype!r}, not forwarded",
-            event_type=etype if isinstance(etype, str) else None,
-            event_index=self.n,
-            payload=event,
+            etype,
+            event,
         )
         self.terminal_seen = True
         out = DROP
@@ -203,7 +202,7 @@ class Referee:
         try:
             parsed = parse_lifecycle_event(event)
         except LifecycleEventError as exc:
-            self._anomaly(AnomalyKind.INVALID_LIFECYCLE_EVENT, f"{etype}: {exc}", etype, event, strict=True)
+            self.anomaly(AnomalyKind.INVALID_LIFECYCLE_EVENT, f"{etype}: {exc}", etype, event, strict=True)
             return
         snapshot = parsed.response
         if lc.info.response_id is None and snapshot.id:
@@ -218,14 +217,14 @@ class Referee:
         if lc.state is target:
             return
         if target is State.QUEUED and lc.state is State.IN_PROGRESS:
-            self._anomaly(
+            self.anomaly(
                 AnomalyKind.OUT_OF_ORDER, f"{etype} after response.in_progress", etype, None, strict=True
             )
             return
         try:
             lc.transition(target, reason=etype)
         except IllegalTransition as exc:
-            self._anomaly(AnomalyKind.ILLEGAL_TRANSITION, str(exc), etype, None, strict=True)
+            self.anomaly(AnomalyKind.ILLEGAL_TRANSITION, str(exc), etype, None, strict=True)
             return
         if self.rec is not None:
             self.rec.changed()
@@ -239,7 +238,7 @@ class Referee:
         try:
             parsed = parse_lifecycle_event(event)
         except LifecycleEventError as exc:
-            self._anomaly(AnomalyKind.INVALID_LIFECYCLE_EVENT, f"{etype}: {exc}", etype, event)
+            self.anomaly(AnomalyKind.INVALID_LIFECYCLE_EVENT, f"{etype}: {exc}", etype, event)
             unreadable = True
             ending = {"response.completed": Ending.COMPLETED, "response.incomplete": Ending.INCOMPLETE}.get(
                 etype, Ending.FAILED
@@ -248,7 +247,7 @@ class Referee:
             assert isinstance(parsed, ResponseCompleted | ResponseIncomplete | ResponseFailed)
             claim = read_terminal(parsed)
             if claim.mismatch:
-                self._anomaly(
+                self.anomaly(
                     AnomalyKind.STATUS_MISMATCH,
                     claim.mismatch + "; the event type wins",
                     etype,
@@ -269,7 +268,7 @@ class Referee:
             # Forwarded as it is, so recorded as it claims: never as a failure, but not verified.
             decision = unverified(decision, f"{etype} could not be read")
         if ending is Ending.CANCELLED and not flags.client_cancelled:
-            self._anomaly(
+            self.anomaly(
                 AnomalyKind.CANCEL_WITHOUT_CLIENT_CANCEL,
                 "the inner stream reported a cancel the host did not ask for",
                 etype,
@@ -285,9 +284,9 @@ class Referee:
         if forward is Forward.PASS:
             return self._forward(event, etype)
         if forward is Forward.NOTHING:
-            self._anomaly(AnomalyKind.TERMINAL_WITHHELD, f"{etype} withheld: {decision.reason}", etype, event)
+            self.anomaly(AnomalyKind.TERMINAL_WITHHELD, f"{etype} withheld: {decision.reason}", etype, event)
             return DROP
-        self._anomaly(AnomalyKind.TERMINAL_REPLACED, f"{etype} replaced: {decision.reason}", etype, event)
+        self.anomaly(AnomalyKind.TERMINAL_REPLACED, f"{etype} replaced: {decision.reason}", etype, event)
         if forward is Forward.CANCELLED:
             return self._forward(self._synthesise("cancelled", None, None), "response.failed")
         return self._forward(
@@ -298,10 +297,9 @@ class Referee:
         """A ``response.failed`` terminal built on the last response snapshot; DROP if none exists."""
         if self._snapshot is None:
             # Without a created event the host would refuse any terminal: forward nothing, say so.
-            self.lifecycle.note(
+            self.anomaly(
                 AnomalyKind.MISSING_TERMINAL,
                 f"no response.{status} forwarded: the stream never produced response.created",
-                event_index=self.n,
             )
             return DROP
         response = dict(self._snapshot)
@@ -314,15 +312,18 @@ class Referee:
         self.go_slow()
         return {"type": "response.failed", "response": response}
 
-    def _anomaly(
+    def anomaly(
         self,
         kind: AnomalyKind,
         reason: str,
-        etype: object,
-        event: Any,
+        etype: object = None,
+        event: Any = None,
         *,
         strict: bool = False,
     ) -> None:
+        """Record an anomaly (the one path every anomaly takes): noted on the lifecycle at the current
+        event index, with the event's type and the event itself when there is one; in strict mode, a
+        ``strict`` one raises ``InvalidEvent`` instead of being let through."""
         self.lifecycle.note(
             kind,
             reason,
@@ -359,12 +360,12 @@ class Referee:
             lc.steering_cut_short = True
         if decision.unverified:
             lc.unverified = True
-            lc.note(AnomalyKind.UNVERIFIED_COMPLETION, decision.reason, event_index=self.n)
+            self.anomaly(AnomalyKind.UNVERIFIED_COMPLETION, decision.reason)
         if lc.state is not decision.state:
             try:
                 lc.transition(decision.state, cause=decision.cause, reason=decision.reason)
             except IllegalTransition as exc:
-                lc.note(AnomalyKind.ILLEGAL_TRANSITION, str(exc), event_index=self.n)
+                self.anomaly(AnomalyKind.ILLEGAL_TRANSITION, str(exc))
                 if not lc.ended:
                     # Never leave a stream that is over looking as if it were still running.
                     lc.transition(State.FAILED, cause=decision.cause, reason=f"refused: {exc.reason}")
@@ -394,12 +395,12 @@ class Referee:
         if synthesised is not DROP:
             return self._forward(synthesised, "response.failed")
         if decision.cause.value == "missing_terminal":
-            self.lifecycle.note(AnomalyKind.MISSING_TERMINAL, decision.reason, event_index=self.n)
+            self.anomaly(AnomalyKind.MISSING_TERMINAL, decision.reason)
         return DROP
 
     def record_stuck(self, reason: str) -> None:
         """Record a stuck ending while the consumer is still blocked in the inner stream's await."""
-        self.lifecycle.note(AnomalyKind.STUCK, reason, event_index=self.n)
+        self.anomaly(AnomalyKind.STUCK, reason)
         self.settle()
         if not self.lifecycle.terminal:
             self.own(decide(Ending.STUCK, self.flags(), self.options))
