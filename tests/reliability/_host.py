@@ -2,7 +2,8 @@
 
 MRO: ``Tap -> GuardedResponses -> Injector -> ResponsesHostServer``. The injector wraps the host's own
 handler (the stream the guard owns) and runs a fault just before inner event ``fault_at``; the tap
-records what the guard forwarded to the host and when the guarded handler finished.
+(``eventguard.testing.tap``) records what the guard forwarded to the host, and the mixin when the
+guarded handler finished.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from agent_framework_foundry_hosting import ResponsesHostServer
 
 from eventguard.foundry import GuardedResponses
+from eventguard.testing import Seen, tap
 
 Fault = Callable[[Any, Any], Awaitable[None]]
 
@@ -56,14 +58,23 @@ class Injector:
 
 
 class Tap:
+    """Above the guard: :func:`eventguard.testing.tap` records what the guard forwarded to the host."""
+
+    seen: list[Seen]
+
+    @property
+    def forwarded(self) -> list[Any]:
+        return [s.event for s in self.seen]
+
     async def _handle_response(self, request: Any, context: Any, signal: Any) -> AsyncIterator[Any]:
         self.context = context
         self.response_id = context.response_id
         self.signal = signal
+        guarded = super()._handle_response(request, context, signal)  # type: ignore[misc]
         try:
-            async for event in super()._handle_response(request, context, signal):  # type: ignore[misc]
-                self.forwarded.append(event)
-                yield event
+            async with aclosing(tap(guarded, self.seen, signal, context)) as events:
+                async for event in events:
+                    yield event
         except BaseException as exc:
             self.raised = exc
             raise
@@ -78,7 +89,7 @@ class MatrixServer(Tap, GuardedResponses, Injector, ResponsesHostServer):  # typ
 
 def build(agent: Any, sink: Any, *, cancel_grace: float = 0.3, **kwargs: Any) -> MatrixServer:
     server = MatrixServer(agent, sink=sink, cancel_grace=cancel_grace, configure_observability=None, **kwargs)
-    server.forwarded = []
+    server.seen = []
     server.done = asyncio.Event()
     server.reached = asyncio.Event()
     server.proceed = asyncio.Event()

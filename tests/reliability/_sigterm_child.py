@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from eventguard import SqlSink
-from eventguard._scenarios import ScriptedChatClient, chat_agent
+from eventguard.testing import ScriptedChatClient, chat_agent
 
 from . import _host
 

@@ -25,8 +25,8 @@ import pytest
 from sqlalchemy import event as sa_event
 
 from eventguard import SqlSink
-from eventguard._scenarios import ScriptedChatClient, chat_agent, trigger_shutdown
 from eventguard.store import ResponseStore
+from eventguard.testing import ScriptedChatClient, chat_agent, trigger_shutdown
 from tests.upstream._drivers import AsgiCall, asgi_post_with_disconnect, client_for, create, get_status
 
 from . import _host

@@ -11,23 +11,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from agent_framework_foundry_hosting import ResponsesHostServer
 from sqlalchemy import func, select
 
 from eventguard import SqlSink
-from eventguard._scenarios import ScriptedChatClient, chat_agent
 from eventguard.foundry import GuardedResponses
 from eventguard.sink.tables import events, responses, transitions
 from eventguard.store import ResponseStore
+from eventguard.testing import ScriptedChatClient, chat_agent, loopback_server
 
 from ._common import SLOW, database, report
 from ._host import poll
@@ -43,23 +41,8 @@ class LoadServer(GuardedResponses, ResponsesHostServer):  # type: ignore[misc]
     eventguard_keep_guards = 5000
 
 
-@asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[str]:
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning", backlog=4096)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    try:
-        async with asyncio.timeout(30):
-            while not (server.started or task.done()):  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
-        if task.done():
-            task.result()
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        async with asyncio.timeout(60):
-            await task
+def serving(app: Any) -> AbstractAsyncContextManager[str]:
+    return loopback_server(app, within=60, log_level="warning", backlog=4096)
 
 
 async def one(client: openai.AsyncOpenAI, i: int, ids: dict[int, str], cancel: bool) -> int:

@@ -1,5 +1,7 @@
 """Drivers for the real ``ResponsesHostServer``: tapped/guarded subclasses, HTTP and raw-ASGI callers.
 
+The tap and :class:`Seen` are :mod:`eventguard.testing`'s.
+
 Every await here is bounded by ``asyncio.timeout``; a ``TimeoutError`` always propagates.
 """
 
@@ -16,45 +18,15 @@ from typing import Any
 import httpx
 from agent_framework_foundry_hosting import ResponsesHostServer
 
+from eventguard.testing import TERMINAL_TYPES, Seen, seen, tap
+
 HOSTING_VERSION = metadata.version("agent-framework-foundry-hosting")
 RESPONSES_VERSION = metadata.version("azure-ai-agentserver-responses")
 OLD_RELEASE = HOSTING_VERSION == "1.0.0b260918"
 
-TERMINAL_TYPES = frozenset({"response.completed", "response.incomplete", "response.failed"})
 ENDED_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
 STEP = 20.0  # bound for one step of a scenario (a request, a wait for an executor)
-
-
-def event_type(event: object) -> str:
-    if isinstance(event, dict):
-        return str(event.get("type"))
-    return type(event).__name__
-
-
-@dataclass
-class Seen:
-    """One event as a wrapper saw it, with the cause flags at that moment (S, C, D, T)."""
-
-    type: str
-    signal: bool
-    client_cancelled: bool
-    shutdown: bool
-    steered: bool
-    event: object = None
-
-    @property
-    def flags(self) -> str:
-        return "".join(
-            letter
-            for letter, on in (
-                ("S", self.signal),
-                ("C", self.client_cancelled),
-                ("D", self.shutdown),
-                ("T", self.steered),
-            )
-            if on
-        )
 
 
 @dataclass
@@ -79,24 +51,6 @@ class Run:
 
     def forwarded_terminals(self) -> list[Seen]:
         return [s for s in self.forwarded if s.type in TERMINAL_TYPES]
-
-
-def _seen(event: object, signal: Any, context: Any) -> Seen:
-    return Seen(
-        type=event_type(event),
-        signal=signal.is_set(),
-        client_cancelled=bool(getattr(context, "client_cancelled", False)),
-        shutdown=bool(getattr(context, "shutdown", None) and context.shutdown.is_set()),
-        steered=bool(getattr(context, "is_steered_turn", False)),
-        event=event,
-    )
-
-
-async def _tap(inner: Any, run: Run, signal: Any, context: Any) -> AsyncIterator[Any]:
-    async with aclosing(inner):
-        async for event in inner:
-            run.inner.append(_seen(event, signal, context))
-            yield event
 
 
 class Recording:
@@ -156,7 +110,7 @@ def tapped_server_class(
             unguarded = super()._handle_response(request, context, cancellation_signal)
             if inner_transform is not None:
                 unguarded = inner_transform(unguarded)
-            inner = _tap(unguarded, run, cancellation_signal, context)
+            inner = tap(unguarded, run.inner, cancellation_signal, context)
             try:
                 if guarded:
                     from eventguard import guard
@@ -165,11 +119,11 @@ def tapped_server_class(
                     run.guard = g
                     async with g as events:
                         async for event in events:
-                            run.forwarded.append(_seen(event, cancellation_signal, context))
+                            run.forwarded.append(seen(event, cancellation_signal, context))
                             yield event
                 else:
                     async for event in inner:
-                        run.forwarded.append(_seen(event, cancellation_signal, context))
+                        run.forwarded.append(seen(event, cancellation_signal, context))
                         yield event
             except BaseException as exc:
                 run.raised = exc

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from eventguard import ResponseStore, SqlSink
-from eventguard._scenarios import ScriptedChatClient, chat_agent, workflow_agent
+from eventguard.testing import ScriptedChatClient, chat_agent, workflow_agent
 
 from ._drivers import STEP, wait_for
 from .test_loopback_openai import openai_client, serving

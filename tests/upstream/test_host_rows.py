@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from azure.ai.agentserver.responses import ResponsesServerOptions
 
-from eventguard._scenarios import ScriptedChatClient, chat_agent, trigger_shutdown, workflow_agent
+from eventguard.testing import ScriptedChatClient, chat_agent, trigger_shutdown, workflow_agent
 
 from ._drivers import (
     OLD_RELEASE,

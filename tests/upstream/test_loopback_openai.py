@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import openai
 import pytest
-import uvicorn
 
 from eventguard import Guard, Lifecycle
-from eventguard._scenarios import ScriptedChatClient, chat_agent, workflow_agent
+from eventguard.testing import ScriptedChatClient, chat_agent, loopback_server, workflow_agent
 
 from ._drivers import STEP, wait_for, wait_until
 
@@ -47,21 +45,8 @@ class ListSink:
         return next(lc for lc in reversed(self.lifecycles) if lc.info.response_id == response_id)
 
 
-@asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[str]:
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    try:
-        await wait_until(lambda: server.started or task.done())
-        if task.done():
-            task.result()
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        async with asyncio.timeout(STEP):
-            await task
+def serving(app: Any) -> AbstractAsyncContextManager[str]:
+    return loopback_server(app, within=STEP, log_level="warning")
 
 
 def openai_client(base_url: str) -> openai.AsyncOpenAI:

@@ -11,8 +11,8 @@ import asyncio
 
 import pytest
 
-from eventguard._scenarios import ScriptedChatClient, chat_agent
 from eventguard.foundry import GuardedResponsesHostServer
+from eventguard.testing import ScriptedChatClient, chat_agent
 
 pytestmark = [pytest.mark.upstream]
 

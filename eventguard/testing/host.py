@@ -1,6 +1,6 @@
-"""Reusable, model-free building blocks that drive a real ``ResponsesHostServer``.
+"""Scripted hosts: model-free building blocks that drive a real ``ResponsesHostServer``.
 
-Used by ``tests/upstream`` and by ``eventguard demo``. Nothing here talks to a model or the network:
+Used by eventguard's tests and by ``eventguard demo``. Nothing here talks to a model or the network:
 
 - workflow executors that complete, raise, stream text, or suspend until cancelled;
 - :class:`ScriptedChatClient`, a chat client that streams a fixed script of text chunks;
@@ -35,7 +35,9 @@ from agent_framework import (
 
 __all__ = [
     "Probe",
+    "ScenarioExecutor",
     "ScriptedChatClient",
+    "WorkflowBehaviour",
     "chat_agent",
     "text_update",
     "trigger_shutdown",

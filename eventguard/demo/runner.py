@@ -1,4 +1,4 @@
-"""``eventguard demo``: five real responses through a guarded ``ResponsesHostServer``, no model.
+"""Running the demo: a guarded, tapped ``ResponsesHostServer`` per scenario, and the table of results.
 
 Each scenario starts a real ``ResponsesHostServer`` (guarded with :mod:`eventguard.foundry`, recording
 into an :class:`~eventguard.sink.SqlSink`) under uvicorn on ``127.0.0.1``, drives it with the official
@@ -9,7 +9,8 @@ into an :class:`~eventguard.sink.SqlSink`) under uvicorn on ``127.0.0.1``, drive
 - what eventguard recorded (read back from the database);
 - what the public API reports (``client.responses.retrieve``).
 
-The executors and the chat client are the model-free building blocks of :mod:`eventguard._scenarios`.
+The scenarios are in :mod:`eventguard.demo.scenarios`; the tap and the loopback server are
+:mod:`eventguard.testing`'s.
 """
 
 from __future__ import annotations
@@ -19,14 +20,13 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import aclosing, asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
 import openai
-import uvicorn
 from sqlalchemy.engine import URL
 
 from eventguard import _db
@@ -34,14 +34,15 @@ from eventguard.records import ResponseRecord
 from eventguard.sink import SqlSink
 from eventguard.sink import migrate as _migrate
 from eventguard.store import ResponseStore
+from eventguard.testing.server import loopback_server, wait_until
+from eventguard.testing.taps import Seen, tap
 
-__all__ = ["DemoResult", "Observed", "Row", "run_demo"]
+from .scenarios import STEP, Ctx, Scenario, scenarios
 
-#: Bound of one step (a request, a wait for an executor, the guard's ending).
-STEP = 20.0
+__all__ = ["DemoResult", "Observed", "Row", "lies", "run_demo", "upstream_versions"]
+
 #: How long the guard waits for a handler the host stopped iterating after a cancel.
 CANCEL_GRACE = 1.0
-TERMINAL_TYPES = frozenset({"response.completed", "response.incomplete", "response.failed"})
 ENDED = frozenset({"completed", "incomplete", "failed", "cancelled"})
 QUIET_LOGGERS = (
     "azure.ai.agentserver",
@@ -63,6 +64,16 @@ class Observed:
     types: list[str] = field(default_factory=list)
     terminal: str | None = None  # "completed", "failed", "cancelled", "incomplete"; None: no terminal
     flags: str = ""  # S = cancellation signal, C = client_cancelled, D = shutdown
+
+    @classmethod
+    def from_seen(cls, seen: list[Seen]) -> Observed:
+        """From the tap's record: every type, and the first terminal with its S, C and D flags."""
+        first = next((s for s in seen if isinstance(s.event, dict) and s.ending is not None), None)
+        return cls(
+            types=[s.type for s in seen],
+            terminal=None if first is None else first.ending,
+            flags="" if first is None else "".join(f for f in first.flags if f in "SCD"),
+        )
 
     @property
     def shown(self) -> str:
@@ -155,25 +166,6 @@ def upstream_versions() -> dict[str, str]:
 # -- the server -------------------------------------------------------------------------------------
 
 
-def _flags(signal: Any, context: Any) -> str:
-    shutdown = getattr(context, "shutdown", None)
-    on = (
-        ("S", bool(signal.is_set())),
-        ("C", bool(getattr(context, "client_cancelled", False))),
-        ("D", bool(shutdown is not None and shutdown.is_set())),
-    )
-    return "".join(letter for letter, set_ in on if set_)
-
-
-def _terminal_of(event: dict[str, Any]) -> str:
-    kind = str(event.get("type", "")).removeprefix("response.")
-    response = event.get("response")
-    status = response.get("status") if isinstance(response, dict) else None
-    if kind == "failed" and status == "cancelled":
-        return "cancelled"
-    return kind
-
-
 def _server_class() -> type[Any]:
     """``GuardedResponses`` over a tap over ``ResponsesHostServer``: the tap sees the raw handler."""
     from agent_framework_foundry_hosting import ResponsesHostServer
@@ -185,18 +177,13 @@ def _server_class() -> type[Any]:
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.observed: dict[str, Observed] = {}
+            self.seen: dict[str, list[Seen]] = {}
 
         async def _handle_response(self, request: Any, context: Any, cancellation_signal: Any) -> Any:
-            seen = self.observed.setdefault(str(context.response_id), Observed())
+            seen = self.seen.setdefault(str(context.response_id), [])
             upstream: Any = super()._handle_response(request, context, cancellation_signal)
-            async with aclosing(upstream) as inner:
+            async with aclosing(tap(upstream, seen, cancellation_signal, context)) as inner:
                 async for event in inner:
-                    etype = event.get("type") if isinstance(event, dict) else type(event).__name__
-                    seen.types.append(str(etype))
-                    if isinstance(event, dict) and etype in TERMINAL_TYPES and seen.terminal is None:
-                        seen.terminal = _terminal_of(event)
-                        seen.flags = _flags(cancellation_signal, context)
                     yield event
 
     class DemoServer(GuardedResponses, Tap):  # type: ignore[misc,unused-ignore]
@@ -205,193 +192,19 @@ def _server_class() -> type[Any]:
     return DemoServer
 
 
-@asynccontextmanager
-async def _serving(app: Any) -> AsyncIterator[str]:
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="critical")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    try:
-        async with asyncio.timeout(STEP):
-            while not (server.started or task.done()):  # noqa: ASYNC110 - uvicorn exposes a flag only
-                await asyncio.sleep(0.01)
-        if task.done():
-            task.result()
-            raise RuntimeError("uvicorn stopped before it started serving")
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        async with asyncio.timeout(STEP):
-            await task
-
-
-async def _wait(predicate: Callable[[], bool], what: str, within: float = STEP) -> None:
-    try:
-        async with asyncio.timeout(within):
-            while not predicate():  # noqa: ASYNC110 - polls state owned by the host
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        raise TimeoutError(f"timed out after {within:.0f}s waiting for {what}") from None
-
-
-async def _wait_event(event: asyncio.Event, what: str) -> None:
-    await _wait(event.is_set, what)
-
-
-# -- the scenarios ----------------------------------------------------------------------------------
-
-
-@dataclass
-class _Ctx:
-    """What one scenario needs: its server (for the tap and the guard) and a client."""
-
-    server: Any
-    client: openai.AsyncOpenAI
-
-    def ended(self, response_id: str) -> bool:
-        g = self.server.guard_for(response_id)
-        return g is not None and g.lifecycle.ended
-
-    def saw(self, response_id: str, event_type: str) -> bool:
-        seen = self.server.observed.get(response_id)
-        return seen is not None and event_type in seen.types
-
-
-async def _completes(ctx: _Ctx, probe: Any) -> str:
-    async with asyncio.timeout(STEP):
-        stream = await ctx.client.responses.create(model="scripted", input="hello", stream=True, store=True)
-        response_id = ""
-        async for event in stream:
-            if event.type == "response.created":
-                response_id = event.response.id
-    return response_id
-
-
-async def _cancel_suspended(ctx: _Ctx, probe: Any) -> str:
-    """The seed: a background run cancelled through POST /cancel while its executor is suspended."""
-    async with asyncio.timeout(STEP):
-        created = await ctx.client.responses.create(
-            model="scripted", input="work slowly", background=True, store=True
-        )
-    await _wait_event(probe.started, "the executor to start")
-    async with asyncio.timeout(STEP):
-        await ctx.client.responses.cancel(created.id)
-    await _wait_event(probe.interrupted, "the executor to be interrupted")
-    return created.id
-
-
-async def _cancel_after_text(ctx: _Ctx, probe: Any) -> str:
-    """A background stream cancelled through POST /cancel once its text has reached the client."""
-    response_id = ""
-    async with asyncio.timeout(STEP):
-        stream = await ctx.client.responses.create(
-            model="scripted", input="write, then wait", background=True, stream=True, store=True
-        )
-        async for event in stream:
-            if event.type == "response.created":
-                response_id = event.response.id
-            if event.type == "response.output_text.delta" and probe.streamed.is_set():
-                break
-        await ctx.client.responses.cancel(response_id)
-        async for _event in stream:
-            pass
-    await _wait_event(probe.interrupted, "the executor to be interrupted")
-    return response_id
-
-
-async def _raises(ctx: _Ctx, probe: Any) -> str:
-    async with asyncio.timeout(STEP):
-        stream = await ctx.client.responses.create(model="scripted", input="explode", stream=True, store=True)
-        response_id = ""
-        async for event in stream:
-            if event.type == "response.created":
-                response_id = event.response.id
-    return response_id
-
-
-async def _shutdown(ctx: _Ctx, probe: Any) -> str:
-    """A streaming chat run cut short by graceful shutdown (the host's SIGTERM path)."""
-    from eventguard._scenarios import trigger_shutdown
-
-    response_id = ""
-    async with asyncio.timeout(STEP):
-        stream = await ctx.client.responses.create(
-            model="scripted", input="tell me a long story", stream=True, store=True
-        )
-        async for event in stream:
-            if event.type == "response.created":
-                response_id = event.response.id
-            if event.type == "response.output_text.delta" and probe.streamed.is_set():
-                break
-        await trigger_shutdown(ctx.server, "request")
-        async for _event in stream:
-            pass
-    return response_id
-
-
-@dataclass(frozen=True)
-class _Scenario:
-    title: str
-    make_agent: Callable[[], tuple[Any, Any]]
-    drive: Callable[[_Ctx, Any], Awaitable[str]]
-
-
-#: The scenarios' titles, in order.
-SCENARIO_TITLES = (
-    "completes",
-    "cancel while suspended (seed)",
-    "cancel after text streamed",
-    "executor raises",
-    "chat cut short by shutdown",
-)
-
-
-def _scenarios() -> list[_Scenario]:
-    from eventguard._scenarios import ScriptedChatClient, chat_agent, workflow_agent
-
-    story = ("Once", " upon", " a", " time", " there", " was", " a", " long", " story")
-    return [
-        _Scenario(
-            SCENARIO_TITLES[0],
-            lambda: workflow_agent("complete", name="demo-completes", text=("Hello", ", world")),
-            _completes,
-        ),
-        _Scenario(
-            SCENARIO_TITLES[1],
-            lambda: workflow_agent("stuck", name="demo-seed"),
-            _cancel_suspended,
-        ),
-        _Scenario(
-            SCENARIO_TITLES[2],
-            lambda: workflow_agent("text_then_stuck", name="demo-cancel-text", text=("Partial", " answer")),
-            _cancel_after_text,
-        ),
-        _Scenario(
-            SCENARIO_TITLES[3],
-            lambda: workflow_agent("raise", name="demo-raises", error_message="tool call failed"),
-            _raises,
-        ),
-        _Scenario(
-            SCENARIO_TITLES[4],
-            lambda: chat_agent(ScriptedChatClient(story, hang_after=3), name="demo-chat"),
-            _shutdown,
-        ),
-    ]
-
-
-async def _run_one(scenario: _Scenario, sink: SqlSink) -> tuple[str, Observed, str | None, float]:
+async def _run_one(scenario: Scenario, sink: SqlSink) -> tuple[str, Observed, str | None, float]:
     started = time.monotonic()
     agent, probe = scenario.make_agent()
     server = _server_class()(agent, sink=sink, cancel_grace=CANCEL_GRACE, configure_observability=None)
     async with (
-        _serving(server) as base_url,
+        loopback_server(server, within=STEP) as base_url,
         openai.AsyncOpenAI(base_url=base_url, api_key="dummy", timeout=STEP, max_retries=0) as client,
     ):
-        ctx = _Ctx(server, client)
+        ctx = Ctx(server, client)
         response_id = await scenario.drive(ctx, probe)
         if not response_id:
             raise RuntimeError(f"scenario {scenario.title!r}: the server never named its response")
-        await _wait(lambda: ctx.ended(response_id), f"eventguard to record {response_id}'s ending")
+        await wait_until(lambda: ctx.ended(response_id), f"eventguard to record {response_id}'s ending", STEP)
         public: str | None = None
         async with asyncio.timeout(STEP):
             while True:
@@ -399,7 +212,7 @@ async def _run_one(scenario: _Scenario, sink: SqlSink) -> tuple[str, Observed, s
                 if public in ENDED:
                     break
                 await asyncio.sleep(0.05)
-    observed = server.observed.get(response_id, Observed())
+    observed = Observed.from_seen(server.seen.get(response_id, []))
     return response_id, observed, public, time.monotonic() - started
 
 
@@ -448,16 +261,16 @@ async def run_demo(url: str | URL | None = None, *, progress: Progress | None = 
     resolved = _db.resolve_url(url)
     say(f"database {_db.safe_url(resolved)}: migrating")
     await migrate(resolved)
-    scenarios = _scenarios()
-    runs: list[tuple[_Scenario, str, Observed, str | None, float]] = []
+    chosen = scenarios()
+    runs: list[tuple[Scenario, str, Observed, str | None, float]] = []
     with _quiet_host(), _state_root():
         sink = SqlSink(resolved, auto_migrate=False)
         await sink.start()
         try:
-            for number, scenario in enumerate(scenarios, 1):
-                say(f"[{number}/{len(scenarios)}] {scenario.title} ...")
+            for number, scenario in enumerate(chosen, 1):
+                say(f"[{number}/{len(chosen)}] {scenario.title} ...")
                 response_id, observed, public, seconds = await _run_one(scenario, sink)
-                say(f"[{number}/{len(scenarios)}] {scenario.title}: {public} ({seconds:.1f}s)")
+                say(f"[{number}/{len(chosen)}] {scenario.title}: {public} ({seconds:.1f}s)")
                 runs.append((scenario, response_id, observed, public, seconds))
         finally:
             await sink.aclose()
