@@ -79,6 +79,8 @@ _STEP_SHARE = 0.5
 _ENCODE_CHUNK = 8
 #: Batches per transaction when replaying the spool.
 REPLAY_CHUNK = 200
+#: Spool records read (and parsed) between two turns of the event loop while replaying.
+_REPLAY_YIELD = 4
 #: How long the writer's last act on a loop that is ending (closing its connections) may take.
 _TEARDOWN_TIMEOUT = 2.0
 #: The writer's pause after an error it did not expect, before its next cycle.
@@ -321,6 +323,7 @@ class SqlSink:
         """Write everything buffered so far (or spool, or quarantine it) before returning."""
         self._here()
         await self._cycle(self._take_work())
+        await self._drain_file_backlog()
 
     async def aclose(self) -> None:
         """Final flush of every stream, stop the writer, release connections.
@@ -413,15 +416,23 @@ class SqlSink:
 
     def _overflow(self) -> None:
         # The writer is behind by max_buffered events: move what waits to the spool now rather
-        # than grow without bound. Rare and documented; replay restores it.
+        # than grow without bound. Rare and documented; replay restores it. On the hot path (in
+        # Recorder.event): the events are serialised and appended to the spool here (one write,
+        # no fsync unless the spool asks for it); what would go to the quarantine file (an event
+        # the redactor cannot handle, a batch the spool cannot take) is left to the writer,
+        # which appends and fsyncs it in a thread (when no writer runs, it is done here).
         self.stats.overflows += 1
         if self.stats.overflows == 1:
             log.warning(
                 "eventguard sink: %d events buffered; spilling to %s", self._buffered, self.spool.path
             )
-        batches = [b for rec in self._work if (b := self._collect(rec)) is not None]
-        self._buffered = sum(len(rec.pending) for rec in self._work)
-        self._to_spool(batches, None)
+        self._deferring = True
+        try:
+            batches = [b for rec in self._work if (b := self._collect(rec)) is not None]
+            self._buffered = sum(len(rec.pending) for rec in self._work)
+            self._to_spool(batches, None)
+        finally:
+            self._deferring = False
 
     def writing(self) -> bool:
         """Whether the current loop's writer task is alive: it will store, or keep, what it was given."""
@@ -511,6 +522,7 @@ class SqlSink:
                 try:
                     if recorders:
                         await self._cycle(recorders)
+                    await self._drain_file_backlog()
                 except Exception as exc:  # the writer never dies: say it once, carry on
                     self._unexpected(exc, "a write cycle")
                     await asyncio.sleep(_ERROR_PAUSE)  # a bug that repeats must not spin
@@ -520,6 +532,7 @@ class SqlSink:
             # The loop is ending (asyncio.run() cancels every task): keep what still waits, and
             # close this loop's connections while the loop can still run their goodbyes.
             self._keep_waiting_work()
+            self._drain_file_backlog_now()
             engine, st.engine = st.engine, None
             if engine is not None:
                 try:
@@ -913,31 +926,72 @@ class SqlSink:
                 error = exc
         assert error is not None
         why = f"the quarantine table could not be written ({self._why(error)})"
-        self._quarantine_file(records, why)
+        await self._quarantine_file_async(records, why)
         return len(records)
 
     def _quarantine_file(self, records: list[QuarantineRecord], why: str) -> None:
-        """Append ``records`` to the quarantine file; ``why`` they are not in the table."""
+        """Append ``records`` to the quarantine file (fsync'd); ``why`` they are not in the table.
+
+        On the hot path (an overflow spill, from ``Recorder.event``) with a writer running, the
+        writer appends them instead, in a thread, on its next turn (see ``_drain_file_backlog``).
+        """
+        if self._deferring and self.writing():
+            self._file_backlog.append((records, why))
+            self._wake.set()
+            return
         path = self.quarantine_path
         try:
-            self.stats.quarantine_file += quarantine.append_file(path, records)
+            n = quarantine.append_file(path, records)
         except Exception as exc:
-            self.stats.lost += len(records)
-            self._say(
-                "lost",
-                "eventguard sink: %d quarantine records could be written neither to the database nor to "
-                "%s (%s); they are lost (stats.lost counts them)",
-                len(records),
-                path,
-                self._why(exc),
-            )
+            self._file_lost(records, path, exc)
             return
+        self._filed(n, path, why)
+
+    async def _quarantine_file_async(self, records: list[QuarantineRecord], why: str) -> None:
+        """:meth:`_quarantine_file`, its write and fsync in a thread, off the event loop."""
+        path = self.quarantine_path
+        try:
+            n = await asyncio.to_thread(quarantine.append_file, path, records)
+        except Exception as exc:
+            self._file_lost(records, path, exc)
+            return
+        self._filed(n, path, why)
+
+    async def _drain_file_backlog(self) -> None:
+        """Append what the hot path left for the quarantine file (the writer's turn)."""
+        while self._file_backlog:
+            records, why = self._file_backlog.pop(0)
+            await self._quarantine_file_async(records, why)
+
+    def _drain_file_backlog_now(self) -> None:
+        """The same, synchronously: the writer is ending."""
+        backlog, self._file_backlog = self._file_backlog, []
+        deferring, self._deferring = self._deferring, False
+        try:
+            for records, why in backlog:
+                self._quarantine_file(records, why)
+        finally:
+            self._deferring = deferring
+
+    def _filed(self, n: int, path: Path, why: str) -> None:
+        self.stats.quarantine_file += n
         self._say(
             "quarantine file",
             "eventguard sink: %s; %d records kept in %s (stats.quarantine_file counts them)",
             why,
+            n,
+            path,
+        )
+
+    def _file_lost(self, records: list[QuarantineRecord], path: Path, exc: Exception) -> None:
+        self.stats.lost += len(records)
+        self._say(
+            "lost",
+            "eventguard sink: %d quarantine records could be written neither to the database nor to "
+            "%s (%s); they are lost (stats.lost counts them)",
             len(records),
             path,
+            self._why(exc),
         )
 
     def _say(self, key: str, msg: str, *args: object) -> None:
@@ -1189,7 +1243,11 @@ class SqlSink:
     async def _replay_file(self, st: _LoopState, file: Any, tally: _Tally) -> None:
         chunk: list[Batch] = []
         bad: list[QuarantineRecord] = []
-        for record in _records(file, tally):
+        for n, record in enumerate(_records(file, tally), 1):
+            if n % _REPLAY_YIELD == 0:
+                # Each record is read and parsed on the event loop the streams share: a turn
+                # for them every few records, not once per chunk of REPLAY_CHUNK.
+                await asyncio.sleep(0)
             if isinstance(record, Batch):
                 chunk.append(record)
                 if len(chunk) >= REPLAY_CHUNK:

@@ -33,8 +33,11 @@ Replay
 :meth:`Spool.take` renames the live file aside (``<name>.replaying-<time>-<id>``), so new appends
 start a fresh file, then claims each aside file with an exclusive ``flock`` held while it is being
 replayed: a file another process holds is skipped, and a file left by a dead process is claimable
-again (its lock died with it). Appenders hold a shared ``flock`` while they write and never write
-into a file that has been set aside, so a claimed file no longer changes. :meth:`Spool.done`
+again (its lock died with it). Appenders hold a shared ``flock`` while they write and never start
+writing into a file that has been set aside, so a claimed file no longer changes; an append that
+began just before its file was set aside holds it for a moment, and that file is skipped too.
+:meth:`Spool.take` never waits for a lock (it runs on the sink's event loop): a skipped file stays
+pending and the next replay takes it. :meth:`Spool.done`
 removes a file once it is applied (its bad records included: the sink keeps those in the
 database), :meth:`Spool.release` keeps it for the next replay.
 """
@@ -69,8 +72,6 @@ _VERSION = re.compile(rb"EG([0-9]{1,9})(?: |$)")
 
 #: Lines are read in pieces of this size; a line that is no record keeps only this much of itself.
 _CHUNK = 1 << 20
-#: How long take() waits for an append in flight before claiming the file it has just set aside.
-_CLAIM_PATIENCE = 0.25
 #: How often an append retries when the live file is set aside under it.
 _APPEND_TRIES = 100
 
@@ -303,11 +304,14 @@ class Spool:
         replay. A file still claimed when the iteration is closed early (``break``, an exception)
         is released; one left claimed otherwise is released when it is garbage-collected.
         """
-        own = self._set_aside()
+        self._set_aside()
         for path in sorted(self._aside()):
-            file = _claim(path, _CLAIM_PATIENCE if path == own else 0.0)
+            file = _claim(path)
             if file is None:
-                continue  # another process is replaying it, or it is gone
+                # Another process is replaying it, an append is still writing to it (the file
+                # just set aside, for a moment), or it is gone: pending() still sees it, and the
+                # next replay takes it. Never waited for: take() runs on the sink's event loop.
+                continue
             try:
                 yield file
             except GeneratorExit:
@@ -386,7 +390,9 @@ def _same(fd: int, path: Path) -> bool:
     return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
 
 
-def _claim(path: Path, patience: float) -> SpoolFile | None:
+def _claim(path: Path) -> SpoolFile | None:
+    """``path`` open and locked for this process, or None when it cannot be right now (held by
+    another open file, or gone). Never waits."""
     try:
         fh = path.open("rb")
     except FileNotFoundError:
@@ -395,16 +401,10 @@ def _claim(path: Path, patience: float) -> SpoolFile | None:
         log.error("eventguard sink: cannot open the spool file %s: %s", path, exc)
         return None
     try:
-        deadline = time.monotonic() + patience
-        while not _lock(fh.fileno(), exclusive=True):
-            # Held: by another replay (skip it), or by an append still writing to the file this
-            # replay has just set aside (a moment).
-            if time.monotonic() >= deadline:
-                fh.close()
-                return None
-            time.sleep(0.002)
-        if not _same(fh.fileno(), path):
-            fh.close()  # done by another process between our open and our lock
+        if not _lock(fh.fileno(), exclusive=True) or not _same(fh.fileno(), path):
+            # Held: by another replay, or by an append still writing to the file a replay has just
+            # set aside. Or done by another process between our open and our lock.
+            fh.close()
             return None
     except BaseException:
         fh.close()

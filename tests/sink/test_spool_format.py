@@ -173,7 +173,7 @@ def _claim_one(spool: Spool, path: Path) -> SpoolFile:
     # Read a file in place, through the same claim take() makes.
     from eventguard.sink.spool import _claim
 
-    file = _claim(path, 0.0)
+    file = _claim(path)
     assert file is not None
     return file
 

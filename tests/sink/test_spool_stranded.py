@@ -1,22 +1,34 @@
 """What is spooled is replayed without a restart: after a background replay an outage stopped, and
-after an overflow spill (no outage at all). On SQLite and PostgreSQL."""
+after an overflow spill (no outage at all). On SQLite and PostgreSQL. And the spool never holds
+up the event loop: take() does not wait for a lock, a replay lets the streams run between records,
+and an overflow leaves the quarantine file's fsync to the writer."""
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import itertools
+import os
 import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import func, select
 
 from eventguard.lifecycle import Lifecycle, ResponseInfo, State
-from eventguard.sink import SqlSink
+from eventguard.sink import SqlSink, quarantine
 from eventguard.sink import sink as sinkmod
 from eventguard.sink.batch import Batch
+from eventguard.sink.spool import Spool
 from eventguard.sink.tables import events, responses
 
 from .conftest import Target
 from .helpers import delta, run_guarded, script
+from .test_spool_format import make_batch
 
 
 def make_sink(target: Target, **kw: Any) -> SqlSink:
@@ -105,3 +117,94 @@ async def test_an_overflow_spill_is_replayed_without_a_restart(target: Target) -
         await until(loaded)  # nobody called replay_spool()
         await until(lambda: _false(sink.spool.pending()))
         await sink.aclose()
+
+
+# -- nothing waits on the event loop ------------------------------------------------------------------
+
+
+def test_take_never_waits_for_a_file_an_append_holds(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool.jsonl")
+    spool.append([make_batch("resp_held")])
+    held = os.open(spool.path, os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_SH)  # an append still writing to the file (another worker)
+        started = time.monotonic()
+        claimed = list(spool.take())
+        waited = time.monotonic() - started
+        assert claimed == [] and spool.pending()
+    finally:
+        os.close(held)
+    assert waited < 0.05, f"take() waited {waited:.3f}s on the event loop"
+    [file] = list(spool.take())  # the next replay takes it
+    assert [b.response_id for b in file.batches] == ["resp_held"]
+    spool.done(file)
+    assert not spool.pending()
+
+
+async def test_a_replay_lets_the_streams_run_every_few_records(
+    sqlite_target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ticks = 0
+    seen: list[int] = []
+    records = sinkmod._records
+
+    def counted(file: Any, tally: Any) -> Iterator[Any]:
+        for record in records(file, tally):
+            seen.append(ticks)  # how many turns the other tasks had when this record was read
+            yield record
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    monkeypatch.setattr(sinkmod, "_records", counted)
+    sink = make_sink(sqlite_target)
+    async with asyncio.timeout(60):
+        await sink.migrate()
+        sink.spool.append([make_batch(f"resp_{i}", n_events=1) for i in range(120)])
+        other = asyncio.create_task(ticker())
+        result = await sink.replay_spool()
+        other.cancel()
+        await sink.aclose()
+    assert result.batches == 120
+    longest = max(sum(1 for _ in run) for _, run in itertools.groupby(seen))
+    assert longest <= 4, f"{longest} records read in one turn of the event loop"
+
+
+async def test_an_overflow_leaves_the_quarantine_file_to_the_writer(
+    sqlite_target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    on_loop: list[bool] = []
+    append_file = quarantine.append_file
+    loop_thread = threading.get_ident()
+
+    def watched(path: Path, records: Any) -> int:
+        on_loop.append(threading.get_ident() == loop_thread)
+        return append_file(path, records)
+
+    def redact(etype: str | None, event: Any) -> Any:
+        if event.get("delta") == "d7":
+            raise KeyError("arguments_delta_v2")
+        return event
+
+    monkeypatch.setattr(quarantine, "append_file", watched)
+    sink = make_sink(sqlite_target, max_buffered=50, flush_every=10, redact=redact)
+    async with asyncio.timeout(60):
+        await sink.start()
+        lc = Lifecycle(info=ResponseInfo(response_id="resp_full_redact"))
+        rec = sink.recorder(lc)
+        lc.transition(State.IN_PROGRESS)
+        rec.changed()
+        for i in range(200):  # no await in between: the writer cannot keep up
+            rec.event(i, "response.output_text.delta", delta(i))
+        assert sink.stats.overflows > 0
+        assert on_loop == [], "the hot path appended to the quarantine file itself"
+        lc.transition(State.COMPLETED)
+        rec.changed()
+        await rec.close()
+        await sink.aclose()
+    assert on_loop == [False]  # appended once, in a thread
+    [record] = quarantine.read_file(sink.quarantine_path)
+    assert record.content()["seq"] == 7
