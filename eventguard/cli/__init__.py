@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from eventguard.cli import db, demo, maintenance, responses, spool, stats, verify
-from eventguard.cli._common import SafeGroup
+from eventguard.cli._common import SafeGroup, register
 
 __all__ = ["app", "main"]
 
@@ -22,14 +22,15 @@ app = typer.Typer(
     rich_markup_mode=None,  # usage errors as one plain line, like ours
     cls=SafeGroup,  # ... and never with a password or a raw control character in it
 )
-app.command("demo")(demo.command)
+# Every command is registered through the scaffold (errors handled there); groups register their own.
+register(app, demo.command, "demo")
 app.add_typer(db.app, name="db")
 app.add_typer(responses.app, name="responses")
-app.command("stats")(stats.command)
-app.command("verify")(verify.command)
+register(app, stats.command, "stats")
+register(app, verify.command, "verify")
 app.add_typer(spool.app, name="spool")
-app.command("prune")(maintenance.prune)
-app.command("recover")(maintenance.recover)
+register(app, maintenance.prune, "prune")
+register(app, maintenance.recover, "recover")
 
 
 def main() -> None:

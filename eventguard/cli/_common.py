@@ -1,4 +1,10 @@
-"""What every subcommand shares: the database URL, output (tables or JSON), errors, durations."""
+"""What every subcommand shares: registration, the database URL, output (tables or JSON), errors, durations.
+
+The scaffold: every command is registered with :func:`command` (or :func:`register`), which handles its
+errors once for all (:func:`handled`: a database, migration or eventguard error becomes one scrubbed line
+on stderr and exit code 2, and so does a bad ``--status``/``--policy`` choice, see :func:`choice`). A
+command resolves its options, asks the library, and prints what it returns.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,8 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
+from enum import Enum, StrEnum
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import typer
 from alembic.util import CommandError as AlembicCommandError
@@ -25,12 +32,14 @@ from typer.core import TyperGroup
 
 from eventguard import _db
 from eventguard.errors import EventGuardError
+from eventguard.lifecycle import State
 from eventguard.sink import migrate as _migrate
 from eventguard.sink.errors import SchemaMismatchError
 from eventguard.store import ResponseStore
 
 T = TypeVar("T")
 P = ParamSpec("P")
+E = TypeVar("E", bound=Enum)
 
 #: Exit codes: 0 fine, 1 the command ran and found a problem (verify), 2 usage or environment error.
 EXIT_FOUND = 1
@@ -182,9 +191,11 @@ def errors(url: URL | None = None) -> Iterator[None]:
 
 
 def handled(fn: Callable[P, T]) -> Callable[P, T]:
-    """Decorate a command: a :class:`CliError` becomes one line on stderr and exit code 2.
+    """Wrap a command: whatever goes wrong becomes one line on stderr and exit code 2.
 
-    That line, and every log record made while the command runs, is scrubbed of the secrets of
+    The command runs inside :func:`errors` (with its ``--database-url`` when that is a URL), so a
+    database, migration or eventguard error is said in one line; a :class:`CliError` is printed as it
+    is. That line, and every log record made while the command runs, is scrubbed of the secrets of
     the URL the command was given (``--database-url`` or ``EVENTGUARD_DATABASE_URL``) and escaped.
     """
 
@@ -193,13 +204,105 @@ def handled(fn: Callable[P, T]) -> Callable[P, T]:
         url = kwargs.get("database_url")
         secrets = remember_secrets(url if isinstance(url, str) else None)
         try:
-            with scrubbed_logs(secrets):
+            with scrubbed_logs(secrets), errors(_url_or_none(url)):
                 return fn(*args, **kwargs)
         except CliError as exc:
             err.print(Text(f"eventguard: error: {one_line(str(exc), secrets)}"), soft_wrap=True)
             raise typer.Exit(EXIT_ERROR) from None
 
     return wrapper
+
+
+def _url_or_none(url: object) -> URL | None:
+    """The URL errors are said against: ``url`` resolved, or None when it is not one (the command's
+    own :func:`resolve` then says why)."""
+    if not isinstance(url, str | None):
+        return None
+    try:
+        return resolve(url)
+    except CliError:
+        return None
+
+
+def register(app: typer.Typer, fn: Callable[..., Any], name: str | None = None) -> None:
+    """Register ``fn`` as the command ``name`` of ``app``, its errors handled (:func:`handled`)."""
+    app.command(name)(handled(fn))
+
+
+def command(app: typer.Typer, name: str | None = None) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    """Decorator form of :func:`register`; returns ``fn`` itself."""
+
+    def decorate(fn: Callable[P, T]) -> Callable[P, T]:
+        register(app, fn, name)
+        return fn
+
+    return decorate
+
+
+if TYPE_CHECKING:
+    _ClickError = Exception
+else:
+    _ClickError = _CLICK_ERROR
+
+
+class ChoiceError(_ClickError):
+    """A value that is not one of an option's choices: one line, exit code 2, like every error.
+
+    Raised while the command line is parsed, before any command runs; click prints it with
+    :meth:`show` (the root group has scrubbed its message of secrets by then).
+    """
+
+    exit_code = EXIT_ERROR
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def show(self, file: Any = None) -> None:
+        err.print(Text(f"eventguard: error: {one_line(self.message, remember_secrets())}"), soft_wrap=True)
+
+
+def choice(enum: type[E], message: Callable[[str], str]) -> Callable[[Any], E]:
+    """The ``parser=`` of an option whose values are ``enum``'s: ``--help`` lists them, and a value
+    that is none of them is the :class:`ChoiceError` ``message(value)``."""
+
+    def parse(value: Any) -> E:
+        if isinstance(value, enum):
+            return value
+        try:
+            return enum(value)
+        except ValueError:
+            raise ChoiceError(message(str(value))) from None
+
+    return parse
+
+
+class RecoverPolicy(StrEnum):
+    """How ``eventguard recover`` ends a response nobody writes any more."""
+
+    INTERRUPTED = "interrupted"
+    FAILED = "failed"
+
+
+Status = Annotated[
+    State | None,
+    typer.Option(
+        "--status",
+        help="Only this status.",
+        parser=choice(
+            State,
+            lambda value: f"unknown status {value!r}: expected one of {', '.join(s.value for s in State)}",
+        ),
+    ),
+]
+Policy = Annotated[
+    RecoverPolicy,
+    typer.Option(
+        "--policy",
+        help="Mark them interrupted (recoverable) or failed.",
+        parser=choice(RecoverPolicy, lambda value: f"--policy must be interrupted or failed, not {value!r}"),
+    ),
+]
 
 
 def one_line(text: str, secrets: Iterable[str] = ()) -> str:
@@ -282,9 +385,9 @@ async def with_store(url: URL, work: Callable[[ResponseStore], Awaitable[T]]) ->
 
 
 def store_command(url_option: str | None, work: Callable[[ResponseStore], Awaitable[T]]) -> T:
+    """Resolve ``--database-url``, check the database, and run ``work`` with a store on it."""
     url = resolve(url_option)
-    with errors(url):
-        return run(lambda: with_store(url, work))
+    return run(lambda: with_store(url, work))
 
 
 def emit_json(value: Any) -> None:

@@ -13,10 +13,9 @@ from eventguard import _db
 from eventguard.cli._common import (
     DatabaseUrl,
     Json,
+    command,
     emit_json,
     ensure_exists,
-    errors,
-    handled,
     resolve,
     run,
     say,
@@ -52,8 +51,7 @@ app = typer.Typer(
 )
 
 
-@app.command()
-@handled
+@command(app)
 def upgrade(
     revision: Annotated[str, typer.Argument(metavar="REVISION", help="Target revision.")] = "head",
     database_url: DatabaseUrl = None,
@@ -62,8 +60,7 @@ def upgrade(
     """Create the schema, or upgrade it to this eventguard's version (idempotent)."""
     url = resolve(database_url)
 
-    with errors(url):
-        before, after = run(lambda: _move(url, _migrate.upgrade, revision))
+    before, after = run(lambda: _move(url, _migrate.upgrade, revision))
     if json:
         emit_json({"database_url": _db.safe_url(url), "before": list(before), "after": list(after)})
         return
@@ -73,8 +70,7 @@ def upgrade(
         say(f"{_db.safe_url(url)}: upgraded {_rev(before)} -> {_rev(after)}")
 
 
-@app.command()
-@handled
+@command(app)
 def downgrade(
     revision: Annotated[
         str, typer.Argument(metavar="REVISION", help="A revision id, -1, or base (drops every table).")
@@ -86,16 +82,14 @@ def downgrade(
     url = resolve(database_url)
     ensure_exists(url)
 
-    with errors(url):
-        before, after = run(lambda: _move(url, _migrate.downgrade, revision, skip_empty=True))
+    before, after = run(lambda: _move(url, _migrate.downgrade, revision, skip_empty=True))
     if json:
         emit_json({"database_url": _db.safe_url(url), "before": list(before), "after": list(after)})
         return
     say(f"{_db.safe_url(url)}: downgraded {_rev(before)} -> {_rev(after)}")
 
 
-@app.command()
-@handled
+@command(app)
 def current(database_url: DatabaseUrl = None, json: Json = False) -> None:
     """Show the database's schema revision and this eventguard's."""
     url = resolve(database_url)
@@ -108,8 +102,7 @@ def current(database_url: DatabaseUrl = None, json: Json = False) -> None:
         finally:
             await engine.dispose()
 
-    with errors(url):
-        now = run(work)
+    now = run(work)
     expected = _migrate.expected_heads()
     state = "up to date" if set(now) == set(expected) else ("not migrated" if not now else "needs upgrade")
     if json:

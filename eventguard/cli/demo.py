@@ -13,9 +13,7 @@ from eventguard.cli._common import (
     Json,
     emit_json,
     err,
-    errors,
     fail,
-    handled,
     out,
     printable,
     resolve,
@@ -28,7 +26,6 @@ if TYPE_CHECKING:  # the demo pulls in the host, uvicorn and openai: only when i
     from eventguard.demo import DemoResult
 
 
-@handled
 def command(database_url: DatabaseUrl = None, json: Json = False) -> None:
     """Serve a guarded ResponsesHostServer on loopback, call it with the openai client, show the lies.
 
@@ -42,11 +39,10 @@ def command(database_url: DatabaseUrl = None, json: Json = False) -> None:
     def progress(message: str) -> None:
         err.print(Text(printable(message), style="dim"))
 
-    with errors(url):
-        try:
-            result = asyncio.run(run_demo(url, progress=progress))
-        except TimeoutError as exc:  # a scenario step, not the database: say which
-            fail(f"demo: {exc or 'a step timed out'}")
+    try:
+        result = asyncio.run(run_demo(url, progress=progress))
+    except TimeoutError as exc:  # a scenario step, not the database: say which
+        fail(f"demo: {exc or 'a step timed out'}")
     if json:
         emit_json(
             {

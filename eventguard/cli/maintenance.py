@@ -9,8 +9,9 @@ import typer
 from eventguard.cli._common import (
     DatabaseUrl,
     Json,
+    Policy,
+    RecoverPolicy,
     emit_json,
-    handled,
     parse_duration,
     say,
     store_command,
@@ -21,7 +22,6 @@ from eventguard.store import ResponseStore
 OlderThan = Annotated[str, typer.Option("--older-than", help="An age: 30m, 12h, 7d, 2w.", show_default=False)]
 
 
-@handled
 def prune(
     older_than: OlderThan,
     drop_summary: Annotated[
@@ -46,23 +46,16 @@ def prune(
     )
 
 
-@handled
 def recover(
     older_than: OlderThan,
-    policy: Annotated[
-        str, typer.Option("--policy", help="Mark them interrupted (recoverable) or failed.")
-    ] = "interrupted",
+    policy: Policy = RecoverPolicy.INTERRUPTED,
     limit: Annotated[int, typer.Option("--limit", min=1, max=10_000, help="At most this many.")] = 1000,
     database_url: DatabaseUrl = None,
     json: Json = False,
 ) -> None:
     """Mark responses nobody has written since before the age (a crashed replica) as ended."""
     age = parse_duration(older_than, "--older-than")
-    if policy not in ("interrupted", "failed"):
-        from eventguard.cli._common import fail
-
-        fail(f"--policy must be interrupted or failed, not {policy!r}")
-    chosen: Literal["interrupted", "failed"] = "failed" if policy == "failed" else "interrupted"
+    chosen: Literal["interrupted", "failed"] = "failed" if policy is RecoverPolicy.FAILED else "interrupted"
 
     async def work(store: ResponseStore) -> list[str]:
         return await store.recover(older_than=age, policy=chosen, limit=limit)

@@ -12,11 +12,11 @@ from eventguard.cli import _query
 from eventguard.cli._common import (
     DatabaseUrl,
     Json,
+    Status,
+    command,
     emit_json,
     ensure_exists,
-    errors,
     fail,
-    handled,
     ms,
     out,
     parse_time,
@@ -29,7 +29,6 @@ from eventguard.cli._common import (
     with_store,
 )
 from eventguard.records import Attempt, History, ResponseRecord
-from eventguard.sink.tables import STATES
 from eventguard.store import ResponseStore
 
 app = typer.Typer(
@@ -48,22 +47,13 @@ STATUS_STYLE = {
 }
 
 
-def _check_status(status: str) -> None:
-    if status not in STATES:
-        fail(f"unknown status {status!r}: expected one of {', '.join(STATES)}")
-
-
 def status_text(status: str | None) -> Text:
     return Text(printable(status or "-"), style=STATUS_STYLE.get(status or "", ""))
 
 
-@app.command("list")
-@handled
+@command(app, "list")
 def list_(
-    status: Annotated[
-        str | None,
-        typer.Option("--status", help="Only this status (completed, cancelled, in_progress, ...)."),
-    ] = None,
+    status: Status = None,
     since: Annotated[
         str | None, typer.Option("--since", help="Active since: an age (30m, 2h, 7d) or an ISO time.")
     ] = None,
@@ -73,15 +63,14 @@ def list_(
 ) -> None:
     """Recorded responses, newest first."""
     url = resolve(database_url)
-    if status is not None:
-        _check_status(status)
     since_at = parse_time(since, "--since") if since is not None else None
 
     async def work(store: ResponseStore) -> list[ResponseRecord]:
-        return await _query.list_responses(store, status=status, since=since_at, limit=limit)
+        return await _query.list_responses(
+            store, status=None if status is None else status.value, since=since_at, limit=limit
+        )
 
-    with errors(url):
-        records = run(lambda: with_store(url, work))
+    records = run(lambda: with_store(url, work))
     if json:
         emit_json([r.model_dump(mode="json") for r in records])
         return
@@ -110,8 +99,7 @@ def list_(
     )
 
 
-@app.command()
-@handled
+@command(app)
 def show(
     response_id: Annotated[str, typer.Argument(help="The response id (resp_... / caresp_...).")],
     database_url: DatabaseUrl = None,
@@ -124,8 +112,7 @@ def show(
         return await store.history(response_id)
 
     ensure_exists(url)
-    with errors(url):
-        history = run(lambda: with_store(url, work))
+    history = run(lambda: with_store(url, work))
     if history is None:
         fail(f"unknown response id {response_id!r}")
     if json:

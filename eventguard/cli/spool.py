@@ -12,10 +12,9 @@ from eventguard.cli._common import (
     DatabaseUrl,
     Json,
     check_schema,
+    command,
     emit_json,
     ensure_exists,
-    errors,
-    handled,
     out,
     printable,
     resolve,
@@ -28,8 +27,7 @@ app = typer.Typer(
 )
 
 
-@app.command()
-@handled
+@command(app)
 def replay(
     spool: Annotated[
         Path | None,
@@ -60,8 +58,7 @@ def replay(
         finally:
             await sink.aclose()
 
-    with errors(url):
-        path, result, waiting = run(work)
+    path, result, waiting = run(work)
     quarantined = result.quarantined
     if json:
         emit_json(

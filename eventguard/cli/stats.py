@@ -10,7 +10,6 @@ from eventguard.cli._common import (
     DatabaseUrl,
     Json,
     emit_json,
-    handled,
     ms,
     out,
     parse_time,
@@ -22,7 +21,6 @@ from eventguard.records import Stats
 from eventguard.store import ResponseStore
 
 
-@handled
 def command(
     since: Annotated[
         str | None,

@@ -12,7 +12,6 @@ from eventguard.cli._common import (
     DatabaseUrl,
     Json,
     emit_json,
-    handled,
     out,
     say,
     store_command,
@@ -21,7 +20,6 @@ from eventguard.cli._common import (
 from eventguard.verify import VerifyReport, verify
 
 
-@handled
 def command(
     database_url: DatabaseUrl = None,
     json: Json = False,
