@@ -27,6 +27,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable
+from enum import Enum
 from types import AsyncGeneratorType, TracebackType
 from typing import Any, Final, Literal, cast
 
@@ -44,7 +45,7 @@ from eventguard.guard.watchdog import STUCK_MESSAGE, Watchdog, waiting_task
 from eventguard.lifecycle import AnomalyKind, ErrorInfo, Lifecycle, ResponseInfo, State
 from eventguard.recording import Recorder, Sink
 
-__all__ = ["Guard", "guard"]
+__all__ = ["Guard", "Phase", "guard"]
 
 log = logging.getLogger("eventguard.guard")
 
@@ -54,6 +55,21 @@ _OUTSIDE_LOOP: Final = (
     "event loop it was built in"
 )
 _DEFAULTS: Final = GuardOptions()
+
+
+class Phase(Enum):
+    """The guard's life, one value (as httpx's ``ClientState``), where booleans used to say it.
+
+    Within a step, the hot loop keeps a finer phase of its own in a local integer (see ``Guard._run``).
+    """
+
+    #: Built; neither entered, nor stepped, nor closed.
+    NEW = "new"
+    #: Entered (``async with``), stepped or being closed: a second ``async with`` is refused.
+    OPEN = "open"
+    #: Ended: the watchdog stopped, the inner stream closed once (or closing in the background), the
+    #: ending recorded and flushed. Closing again is a no-op; iterating again yields nothing.
+    FINISHED = "finished"
 
 
 def guard(
@@ -107,15 +123,14 @@ class Guard:
     __slots__ = (
         "__weakref__",
         "_closing",
-        "_finished",
         "_gen",
         "_host",
         "_inner",
         "_loop",
         "_options",
+        "_phase",
         "_rec",
         "_ref",
-        "_used",
         "_watchdog",
         "lifecycle",
     )
@@ -163,14 +178,18 @@ class Guard:
         self.lifecycle = Lifecycle.for_recovery(info) if info.is_recovery else Lifecycle(info=info)
         self._rec: Recorder | None = sink.recorder(self.lifecycle) if sink is not None else None
         self._gen: AsyncGeneratorType[Any, None] | None = None
-        self._used = False
-        self._finished = False
+        self._phase = Phase.NEW
         #: The stuck-stream watchdog: its task, and the books of the cancel it may send (watchdog.py).
         self._watchdog = Watchdog()
         #: The I/O-free referee: lifecycle events, terminals, anomalies, decisions (referee.py).
         self._ref = Referee(self.lifecycle, self._rec, options, host, self._watchdog)
         #: How the consumer is closing the guard while its generator unwinds (see _end_closed).
         self._closing: Ending | None = None
+
+    def _open(self) -> None:
+        """The guard is in use from its first step or close on: single use is spent."""
+        if self._phase is Phase.NEW:
+            self._phase = Phase.OPEN
 
     @property
     def inner_closed(self) -> int:
@@ -180,9 +199,9 @@ class Guard:
     # -- the async context manager and iterator protocols --------------------------------------
 
     async def __aenter__(self) -> Guard:
-        if self._used:
+        if self._phase is not Phase.NEW:
             raise GuardAlreadyUsed("a guard is single-use; build a new one for each stream")
-        self._used = True
+        self._phase = Phase.OPEN
         return self
 
     async def __aexit__(
@@ -196,7 +215,7 @@ class Guard:
         # ``async for`` drives the guard's own async generator directly: no extra layer per event.
         gen = self._gen
         if gen is None:
-            if self._finished:
+            if self._phase is Phase.FINISHED:
                 gen = cast(AsyncGeneratorType[Any, None], _empty())
             else:
                 gen = self._gen = cast(AsyncGeneratorType[Any, None], self._run())
@@ -214,10 +233,10 @@ class Guard:
         await self._close(Ending.CLOSED_EARLY)
 
     async def _close(self, ending: Ending) -> None:
-        self._used = True
+        self._open()
         gen = self._gen
         if gen is not None and gen.ag_await is not None:
-            if self._finished:
+            if self._phase is Phase.FINISHED:
                 return
             raise RuntimeError("aclose(): the guard is in the middle of a step in another task")
         if gen is not None and not gen.ag_running:
@@ -225,7 +244,7 @@ class Guard:
             # Suspended at a hand-over, it records the ending itself (see _run), with this cause.
             self._closing = ending
             await gen.aclose()
-        if self._finished:
+        if self._phase is Phase.FINISHED:
             return
         await self._end_closed(ending)
 
@@ -259,7 +278,7 @@ class Guard:
         generator finaliser then closes it, as it would any async generator, and the guard ends
         there (``GeneratorExit`` at phase 2): the inner stream is closed and the ending recorded.
         """
-        self._used = True
+        self._open()
         grace = self._options.cancel_grace
         if grace is not None or self._rec is not None:
             loop = self._check_loop()
@@ -316,7 +335,7 @@ class Guard:
             if phase == 2:
                 # Thrown in by the consumer at a yield: not the inner stream's ending. A close
                 # (aclose(), or the loop finalising a guard that was dropped) ends the guard here.
-                if exc.__class__ is GeneratorExit and not self._finished:
+                if exc.__class__ is GeneratorExit and self._phase is not Phase.FINISHED:
                     if self._closing is not None:
                         await self._end_closed(self._closing)  # our aclose(): its caller sees errors
                     else:
@@ -334,10 +353,10 @@ class Guard:
 
     async def _finish(self, *, close_inner: bool = True) -> None:
         """Idempotent end: stop the watchdog, close the inner stream, then flush the recorder."""
-        if self._finished:
+        if self._phase is Phase.FINISHED:
             return
         self._ref.settle()
-        self._finished = True
+        self._phase = Phase.FINISHED
         self._ref.go_slow()
         self.lifecycle.events_forwarded = self._ref.n
         self._watchdog.stop()
@@ -367,7 +386,7 @@ class Guard:
         # Nothing can be recorded or watched from here: the guard is over before it began, and a later
         # close is a no-op. The inner stream was never pulled; it is left to its owner, as when
         # guard() refuses a stream that is not async iterable.
-        self._finished = True
+        self._phase = Phase.FINISHED
         self._ref.go_slow()
 
     async def _flush(self) -> None:
@@ -439,7 +458,7 @@ class Guard:
 
     def _on_grace(self, grace: float) -> bool:
         """``grace`` after the cause. True when a stuck await was cancelled and is to be checked again."""
-        if self._finished or self._ref.own_ending is not None:
+        if self._phase is Phase.FINISHED or self._ref.own_ending is not None:
             return False
         gen = self._gen
         if gen is not None and gen.ag_await is not None:
@@ -481,7 +500,7 @@ class Guard:
         gen = self._gen
         watchdog = self._watchdog
         if (
-            self._finished
+            self._phase is Phase.FINISHED
             or watchdog.handled
             or gen is None
             or gen.ag_await is None
