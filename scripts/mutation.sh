@@ -6,7 +6,7 @@
 # Mutants inside annotations that Python never evaluates are marked skipped first
 # (scripts/cr_skip_annotations.py); docs/mutation.md counts them as equivalent.
 # Usage: bash scripts/mutation.sh [module.py ...]
-#   (default: eventguard/decision.py eventguard/lifecycle.py eventguard/guard.py)
+#   (default: eventguard/decision.py eventguard/lifecycle.py and the modules of eventguard/guard/)
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 py=${PYTHON:-$src/.venv-newest/bin/python}
@@ -14,7 +14,9 @@ bin="$(dirname "$py")"
 [ -x "$bin/cosmic-ray" ] || "$py" -m pip install -q cosmic-ray
 workers=${WORKERS:-$(( 2 * $(nproc) ))}
 modules=("$@")
-[ ${#modules[@]} -gt 0 ] || modules=(eventguard/decision.py eventguard/lifecycle.py eventguard/guard.py)
+[ ${#modules[@]} -gt 0 ] || modules=(eventguard/decision.py eventguard/lifecycle.py eventguard/guard/core.py
+  eventguard/guard/referee.py eventguard/guard/watchdog.py eventguard/guard/owner.py eventguard/guard/host.py
+  eventguard/guard/options.py)
 work=$(mktemp -d /tmp/eventguard-mutation.XXXXXX)
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
@@ -40,7 +42,9 @@ for module in "${modules[@]}"; do
   # SDK nor hypothesis (the module's own tests first), then those two files. A mutant's run stops at its
   # first failure, and most mutants die in the first stage without paying for the heavy imports.
   own=tests/guard/test_$name.py
-  [ "$name" = guard ] && own="tests/guard/test_fault_matrix.py tests/guard/test_properties.py tests/guard/test_guard_edges.py"
+  case "$module" in eventguard/guard/*)
+    own="tests/guard/test_fault_matrix.py tests/guard/test_properties.py tests/guard/test_guard_edges.py" ;;
+  esac
   fast="$own $(cd "$work/w0" && ls tests/guard/test_*.py | grep -v -e openai -e lifecycle_properties | grep -vxF -f <(tr ' ' '\n' <<< "$own") | tr '\n' ' ')"
   slow="tests/guard/test_openai_stream.py tests/guard/test_lifecycle_properties.py"
   killers="$py -m pytest -x -q -p no:cacheprovider -p no:hypothesispytest $fast && $py -m pytest -x -q -p no:cacheprovider $slow"
