@@ -41,7 +41,7 @@ from eventguard.guard.host import CancellationSignal, Host, info_from_context
 from eventguard.guard.options import GuardOptions
 from eventguard.guard.owner import InnerStream, spawn
 from eventguard.guard.referee import DROP, Referee
-from eventguard.guard.watchdog import STUCK_MESSAGE, Watchdog, waiting_task
+from eventguard.guard.watchdog import STUCK_MESSAGE, Watchdog
 from eventguard.lifecycle import AnomalyKind, ErrorInfo, Lifecycle, ResponseInfo, State
 from eventguard.recording import Recorder, Sink
 
@@ -457,65 +457,14 @@ class Guard:
     # -- causes and the watchdog ---------------------------------------------------------------
 
     def _on_grace(self, grace: float) -> bool:
-        """``grace`` after the cause. True when a stuck await was cancelled and is to be checked again."""
-        if self._phase is Phase.FINISHED or self._ref.own_ending is not None:
+        """``grace`` after the cause: the watchdog's turn (see Watchdog.on_grace)."""
+        if self._phase is Phase.FINISHED:
             return False
-        gen = self._gen
-        if gen is not None and gen.ag_await is not None:
-            # Suspended inside an await of the hot loop: that is the inner stream's __anext__, in
-            # whichever task took this step (each step may be a task of its own: wait_for(anext(it))).
-            task = waiting_task(gen, self._watchdog.first_task)
-            if task is None:
-                # No task is seen waiting through the guard (a step driven by hand, or through an
-                # awaitable the guard cannot look into). Never cancel a task that is not inside the
-                # guard: record the ending without interrupting anyone.
-                self._watchdog.handled = True
-                self._ref.record_stuck(
-                    f"{STUCK_MESSAGE}; no task waiting in the guard could be found to interrupt: ending "
-                    "recorded without it, the consumer stays blocked until the inner stream returns"
-                )
-                return False
-            if task.cancelling() > 0:
-                # A cancel is already on its way to that await (a timeout, the host): it ends the
-                # wait anyway, and ours could not be told apart from it when it arrives.
-                return False
-            # Stuck in the inner stream's await: cancel just that await, as asyncio.timeout does,
-            # and take the cancel back when it reaches the guard (see _on_inner_exit).
-            self._ref.go_slow()
-            self._watchdog.cancel_stuck(task)
-            return True
-        flags = self._ref.flags()
-        if flags.client_cancelled or flags.shutdown:
-            self._ref.settle()
-        if not self.lifecycle.ended and (flags.client_cancelled or flags.shutdown):
-            # The host stopped iterating and may never resume or close us: record the ending now.
-            self._ref.anomaly(
-                AnomalyKind.ABANDONED,
-                f"the host stopped iterating for {grace}s after the signal; ending recorded without it",
-            )
-            self._ref.own(decide(Ending.ABANDONED, flags, self._options))
-        return False
+        return self._watchdog.on_grace(self._gen, self._ref, grace)
 
     def _on_second_grace(self) -> None:
-        gen = self._gen
-        watchdog = self._watchdog
-        if (
-            self._phase is Phase.FINISHED
-            or watchdog.handled
-            or gen is None
-            or gen.ag_await is None
-            or watchdog.stuck_task is None
-        ):
-            return
-        # The inner stream swallowed the cancel and is waiting again. Nothing short of running
-        # every pull in a task of its own (a cost on every event) can end that wait; record the
-        # ending now, and give the task back the cancel count it had.
-        watchdog.give_back()
-        self._ref.record_stuck(
-            f"{STUCK_MESSAGE}; it swallowed the cancel and is still waiting: ending recorded "
-            "without it, the consumer stays blocked until the inner stream returns"
-        )
-        log.warning("eventguard: %s", STUCK_MESSAGE + " and swallowed the cancel")
+        if self._phase is not Phase.FINISHED:
+            self._watchdog.on_second_grace(self._gen, self._ref)
 
 
 def _exit_ending(exc: BaseException | None) -> Ending:

@@ -398,6 +398,19 @@ class Referee:
             self.anomaly(AnomalyKind.MISSING_TERMINAL, decision.reason)
         return DROP
 
+    def abandoned(self, grace: float) -> None:
+        """``grace`` after the cause, with the guard between steps: a host that stopped iterating."""
+        flags = self.flags()
+        if flags.client_cancelled or flags.shutdown:
+            self.settle()
+        if not self.lifecycle.ended and (flags.client_cancelled or flags.shutdown):
+            # The host stopped iterating and may never resume or close us: record the ending now.
+            self.anomaly(
+                AnomalyKind.ABANDONED,
+                f"the host stopped iterating for {grace}s after the signal; ending recorded without it",
+            )
+            self.own(decide(Ending.ABANDONED, flags, self.options))
+
     def record_stuck(self, reason: str) -> None:
         """Record a stuck ending while the consumer is still blocked in the inner stream's await."""
         self.anomaly(AnomalyKind.STUCK, reason)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import sys
 import weakref
 from collections.abc import AsyncGenerator
@@ -29,6 +30,9 @@ from eventguard.guard.owner import keep
 
 if TYPE_CHECKING:
     from eventguard.guard.host import Host
+    from eventguard.guard.referee import Referee
+
+log = logging.getLogger("eventguard.guard")
 
 __all__ = ["STUCK_MESSAGE", "Watchdog", "awaits_through", "waiting_task"]
 
@@ -114,6 +118,52 @@ class Watchdog:
         self.handled = True
         self.stuck_task = None
         return task.uncancel() <= self._cancelling_before
+
+    def on_grace(self, gen: AsyncGeneratorType[Any, None] | None, referee: Referee, grace: float) -> bool:
+        """``grace`` after the cause, the guard not finished. True when a stuck await was cancelled and
+        is to be checked again after a second ``grace``."""
+        if referee.own_ending is not None:
+            return False
+        if gen is not None and gen.ag_await is not None:
+            # Suspended inside an await of the hot loop: that is the inner stream's __anext__, in
+            # whichever task took this step (each step may be a task of its own: wait_for(anext(it))).
+            task = waiting_task(gen, self.first_task)
+            if task is None:
+                # No task is seen waiting through the guard (a step driven by hand, or through an
+                # awaitable the guard cannot look into). Never cancel a task that is not inside the
+                # guard: record the ending without interrupting anyone.
+                self.handled = True
+                referee.record_stuck(
+                    f"{STUCK_MESSAGE}; no task waiting in the guard could be found to interrupt: ending "
+                    "recorded without it, the consumer stays blocked until the inner stream returns"
+                )
+                return False
+            if task.cancelling() > 0:
+                # A cancel is already on its way to that await (a timeout, the host): it ends the
+                # wait anyway, and ours could not be told apart from it when it arrives.
+                return False
+            # Stuck in the inner stream's await: cancel just that await, as asyncio.timeout does,
+            # and take the cancel back when it reaches the guard (see Guard._on_inner_exit).
+            referee.go_slow()
+            self.cancel_stuck(task)
+            return True
+        # Not inside a step: the host may have stopped iterating (the referee decides).
+        referee.abandoned(grace)
+        return False
+
+    def on_second_grace(self, gen: AsyncGeneratorType[Any, None] | None, referee: Referee) -> None:
+        """A second ``grace`` after our cancel, the guard not finished."""
+        if self.handled or gen is None or gen.ag_await is None or self.stuck_task is None:
+            return
+        # The inner stream swallowed the cancel and is waiting again. Nothing short of running
+        # every pull in a task of its own (a cost on every event) can end that wait; record the
+        # ending now, and give the task back the cancel count it had.
+        self.give_back()
+        referee.record_stuck(
+            f"{STUCK_MESSAGE}; it swallowed the cancel and is still waiting: ending recorded "
+            "without it, the consumer stays blocked until the inner stream returns"
+        )
+        log.warning("eventguard: %s", STUCK_MESSAGE + " and swallowed the cancel")
 
     def give_back(self) -> None:
         """The inner stream swallowed our cancel: give its task back the cancel count it had."""
