@@ -38,12 +38,15 @@ OSError, TimeoutError, ConnectionError,   OUTAGE     spools, backs off
 a connection SQLAlchemy invalidated,
 its pool timeout, asyncpg
 InterfaceError / connection errors
-ValueError (UnicodeEncodeError           DATA       split and quarantine
-included), OverflowError, orjson's
-JSONEncodeError (a lone surrogate): the
-client could not encode the values
+UnicodeError (UnicodeEncodeError),       DATA       split and quarantine
+OverflowError, orjson's JSONEncodeError
+(a lone surrogate), asyncpg's client-side
+DataError: the client could not encode
+the values
+aiosqlite's ValueError "Connection        OUTAGE     spools, backs off
+closed" / "no active connection"
 anything else (another SQLSTATE class,    UNKNOWN    logged once with its traceback and counted;
-a TypeError, a bug)                                  the writer probes the database: reachable,
+any other ValueError, a TypeError, a bug)            the writer probes the database: reachable,
                                                      the batch is refused like DATA (quarantined
                                                      with the reason); not, it is an OUTAGE
 ========================================  =========  ============================================
@@ -113,8 +116,12 @@ def classify(exc: BaseException) -> ErrorKind:
         if kind is not None:
             return kind
     for err in chain:
-        if isinstance(err, ValueError | OverflowError | orjson.JSONEncodeError):
+        if isinstance(err, UnicodeError | OverflowError | orjson.JSONEncodeError) or _is_asyncpg_data_error(
+            err
+        ):
             return ErrorKind.DATA
+    # Any other ValueError says nothing certain (aiosqlite raises one for a closed connection):
+    # the writer asks the database.
     return ErrorKind.UNKNOWN
 
 
@@ -132,7 +139,20 @@ def _definite(err: BaseException) -> ErrorKind | None:
         return ErrorKind.OUTAGE
     if _is_asyncpg_connection_trouble(err):
         return ErrorKind.OUTAGE
+    if type(err) is ValueError and str(err) in _AIOSQLITE_CLOSED:
+        return ErrorKind.OUTAGE
     return None
+
+
+#: What aiosqlite raises (as plain ValueError) when its connection is gone.
+_AIOSQLITE_CLOSED = frozenset({"Connection closed", "no active connection"})
+
+
+def _is_asyncpg_data_error(err: BaseException) -> bool:
+    """asyncpg's client-side ``DataError`` (a value it cannot encode for its parameter's type)."""
+    return isinstance(err, ValueError) and any(
+        cls.__module__.startswith("asyncpg") and cls.__name__ == "DataError" for cls in type(err).__mro__
+    )
 
 
 def sqlstate(exc: BaseException) -> str | None:

@@ -184,10 +184,37 @@ def entry(
     )
 
 
-async def insert(conn: AsyncConnection, records: Sequence[QuarantineRecord]) -> None:
-    """Insert ``records`` in the caller's transaction."""
-    if records:
-        await conn.execute(quarantine.insert(), [r.values() for r in records])
+async def insert(conn: AsyncConnection, records: Sequence[QuarantineRecord], *, once: bool = False) -> int:
+    """Insert ``records`` in the caller's transaction; how many were inserted.
+
+    ``once``: a record the table already holds (the same origin, response id, reason and
+    content) is not inserted again. A spool replay asks for it: a file an outage stopped halfway
+    is replayed again from its start, and what its first pass quarantined must not be there
+    twice. One look-up per record (there is no index on the content): a replay's quarantine is
+    rare, the live writer's inserts do not ask.
+    """
+    if not records:
+        return 0
+    todo = list(records)
+    if once:
+        q = quarantine.c
+        todo, seen = [], set()
+        for r in records:
+            key = (r.origin, r.response_id, r.reason, r.record)
+            if key in seen:
+                continue
+            seen.add(key)
+            rid = q.response_id.is_(None) if r.response_id is None else q.response_id == r.response_id
+            found = await conn.execute(
+                select(q.pk)
+                .where(q.origin == r.origin, rid, q.reason == r.reason, q.record == r.record)
+                .limit(1)
+            )
+            if found.first() is None:
+                todo.append(r)
+    if todo:
+        await conn.execute(quarantine.insert(), [r.values() for r in todo])
+    return len(todo)
 
 
 def file_path(spool_path: Path) -> Path:

@@ -34,10 +34,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
+import re
 import socket
 import time
+import traceback
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -85,6 +88,11 @@ _REPLAY_YIELD = 4
 _TEARDOWN_TIMEOUT = 2.0
 #: The writer's pause after an error it did not expect, before its next cycle.
 _ERROR_PAUSE = 0.05
+#: SQLAlchemy's rendering of a statement's bound values in an error (one line: a repr).
+#: Set while this task replays the spool: a quarantine record already there is not inserted
+#: again (a file an outage stopped is replayed again from its start).
+_REPLAYING: contextvars.ContextVar[bool] = contextvars.ContextVar("eventguard_replaying", default=False)
+_PARAMETERS = re.compile(r"\[parameters: [^\n]*")
 #: The least time between two replays started by successful writes, when a replay left files.
 _REPLAY_RETRY = 1.0
 #: After a replay an error stopped, the next waits this long, doubling up to the maximum.
@@ -767,7 +775,7 @@ class SqlSink:
         for batch in batches:
             batch.serialise()  # no-op unless the caller skipped _serialise
         async with asyncio.timeout(self._write_timeout), self.engine.begin() as conn:
-            written = await write(conn, batches, rows=rows)
+            written = await write(conn, batches, rows=rows, replay=_REPLAYING.get())
         if rows:
             self.stats.batches_written += len(batches) - len(written.duplicates)
         self.stats.events_written += written.events
@@ -906,10 +914,10 @@ class SqlSink:
         self, records: list[QuarantineRecord], *, note: tuple[Batch, str] | None = None
     ) -> int:
         """Keep ``records`` in the quarantine table (else its file); ``note``: the batch whose
-        response gets a ``sink_refused`` anomaly, if its row is there. How many were kept."""
+        response gets a ``sink_refused`` anomaly, if its row is there. How many were kept (in a
+        replay, a record the table already holds is not kept again, nor counted)."""
         if not records:
             return 0
-        self.stats.quarantined += len(records)
         for record in records[:3]:
             log.warning(
                 "eventguard sink: response %s: %s; kept in the quarantine", record.response_id, record.reason
@@ -918,13 +926,15 @@ class SqlSink:
         for with_note in (True, False) if note is not None else (False,):
             try:
                 async with asyncio.timeout(self._write_timeout), self.engine.begin() as conn:
-                    await quarantine.insert(conn, records)
+                    kept = await quarantine.insert(conn, records, once=_REPLAYING.get())
                     if with_note and note is not None:
                         await note_refused(conn, note[0], quarantine.text(note[1]), records[0].record)
-                return len(records)
+                self.stats.quarantined += kept
+                return kept
             except Exception as exc:
                 error = exc
         assert error is not None
+        self.stats.quarantined += len(records)
         why = f"the quarantine table could not be written ({self._why(error)})"
         await self._quarantine_file_async(records, why)
         return len(records)
@@ -1022,13 +1032,25 @@ class SqlSink:
             log.debug("eventguard sink: unexpected error in %s again: %s", where, type(exc).__name__)
             return
         self._logged.add(key)
+        # The traceback as text, scrubbed like every error text shown (the URL's secrets, and
+        # the bound values SQLAlchemy prints after "[parameters:": event payloads), rather than
+        # exc_info, which each handler would format from the raw exception.
         log.error(
             "eventguard sink: unexpected error in %s (%s); the writer carries on, nothing is dropped "
-            "(later ones of this kind are only counted in stats.unexpected_errors)",
+            "(later ones of this kind are only counted in stats.unexpected_errors)\n%s",
             where,
             self._why(exc),
-            exc_info=exc,
+            self._traceback(exc),
         )
+
+    def _traceback(self, exc: BaseException) -> str:
+        """``exc``'s traceback (its chain included) as text that is safe to show."""
+        try:
+            text = "".join(traceback.format_exception(exc)).rstrip("\n")
+        except Exception:  # pragma: no cover - a broken __str__ deep in the chain
+            text = f"{type(exc).__qualname__} (its traceback could not be formatted)"
+        text = _PARAMETERS.sub("[parameters: not logged]", text)
+        return _db.scrub(quarantine.text(text), self._secrets)
 
     def _to_spool(self, batches: list[Batch], exc: BaseException | None) -> None:
         """Keep ``batches`` in the spool (``exc``: the outage that sent them there, logged once).
@@ -1209,6 +1231,7 @@ class SqlSink:
         tally = _Tally()
         files = 0
         async with st.replay_lock:
+            replaying = _REPLAYING.set(True)
             try:
                 async with st.lock:
                     await self._ensure_ready(replay=False)
@@ -1234,6 +1257,8 @@ class SqlSink:
                 self._replay_after = time.monotonic() + self._replay_backoff
                 self._replay_backoff = min(self._replay_backoff * 2, _REPLAY_BACKOFF_MAX)
                 raise
+            finally:
+                _REPLAYING.reset(replaying)
             self._replay_backoff = _REPLAY_BACKOFF_FIRST
         self._report(tally.refusals)
         return ReplayResult(

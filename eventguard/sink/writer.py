@@ -143,12 +143,15 @@ _DIALECTS: dict[str, Dialect] = {
 }
 
 
-async def write(conn: AsyncConnection, batches: Sequence[Batch], *, rows: bool = True) -> Written:
+async def write(
+    conn: AsyncConnection, batches: Sequence[Batch], *, rows: bool = True, replay: bool = False
+) -> Written:
     """Write ``batches`` inside the caller's transaction; what it did (refusals, duplicates).
 
     The batches' events must be serialised already (:meth:`Batch.serialise`). ``rows=False``
     writes only their events, transitions and anomalies (the row is known to be there: the
-    writer isolating refused content within a batch).
+    writer isolating refused content within a batch). ``replay``: the batches come from the
+    spool, and a duplicate's quarantine record already there is not inserted again.
     """
     # Before the first statement: SQLAlchemy has not begun the transaction yet. Without the
     # row upsert, no statement through SQLAlchemy would begin it before the COPY (asyncpg's
@@ -185,8 +188,7 @@ async def write(conn: AsyncConnection, batches: Sequence[Batch], *, rows: bool =
     found = [a for b in kept for a in b.anomalies] + extra_anomalies
     if refused_streams:
         records = [quarantine.of_batch(b, "duplicate", d.reason) for b, d in refused_streams]
-        await quarantine.insert(conn, records)
-        out.quarantined = len(records)
+        out.quarantined = await quarantine.insert(conn, records, once=replay)
         # One anomaly per refused stream, however many of its batches this write saw.
         streams = {(d.response_id, d.stream_id): d for _, d in refused_streams}
         found.extend(_duplicate_anomaly(d) for d in streams.values())

@@ -52,7 +52,11 @@ async def stored(sink: SqlSink, rid: str) -> tuple[str | None, list[int]]:
 
 
 def tracebacks(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "eventguard.sink" and r.exc_info]
+    return [
+        r
+        for r in caplog.records
+        if r.name == "eventguard.sink" and "Traceback (most recent" in r.getMessage()
+    ]
 
 
 class SpoolThatRaises(Spool):
