@@ -2,10 +2,10 @@
 
 The public surface is these names; every module behind them is an implementation detail.
 
-The guard, the lifecycle model, the decision table, the errors and the ``Recorder``/``Sink``
-protocols are imported with the package. The heavy parts (the SQL sink and the store, which load
-SQLAlchemy and Alembic) and the store's record types are imported on first use of one of their
-names, so ``from eventguard import guard`` stays cheap.
+The guard, the lifecycle model, the decision table, every error (:mod:`eventguard.errors`) and
+the ``Recorder``/``Sink`` protocols are imported with the package. The heavy parts (the SQL sink
+and the store, which load SQLAlchemy and Alembic) and the store's record types are imported on
+first use of one of their names, so ``from eventguard import guard`` stays cheap.
 """
 
 import importlib as _importlib
@@ -20,7 +20,11 @@ from eventguard.errors import (
     GuardOutsideLoop,
     IllegalTransition,
     InvalidEvent,
+    InvalidQueryError,
     NotAsyncIterable,
+    SchemaMismatchError,
+    SinkLoopError,
+    StorageError,
 )
 from eventguard.guard import Guard, guard
 from eventguard.lifecycle import (
@@ -51,14 +55,7 @@ if _typing.TYPE_CHECKING:
         Stats,
         TransitionRecord,
     )
-    from eventguard.sink import (
-        EventFilter,
-        InvalidQueryError,
-        Redactor,
-        SchemaMismatchError,
-        SqlSink,
-        StorageError,
-    )
+    from eventguard.sink import EventFilter, Redactor, SqlSink
     from eventguard.store import ResponseStore
 
 try:
@@ -78,12 +75,9 @@ _LAZY: dict[str, str] = {
     "Stats": "eventguard.records",
     "TransitionRecord": "eventguard.records",
     "EventFilter": "eventguard.sink",
-    "InvalidQueryError": "eventguard.sink",
     "Redactor": "eventguard.sink",
     "ResponseStore": "eventguard.store",
-    "SchemaMismatchError": "eventguard.sink",
     "SqlSink": "eventguard.sink",
-    "StorageError": "eventguard.sink",
 }
 
 
@@ -136,6 +130,7 @@ __all__ = [
     "ResponseStore",
     "SchemaMismatchError",
     "Sink",
+    "SinkLoopError",
     "SqlSink",
     "State",
     "Stats",

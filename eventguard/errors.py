@@ -1,7 +1,22 @@
-"""The typed errors users catch.
+"""The typed errors users catch: every one eventguard raises on purpose, in one module.
 
 Everything eventguard raises on purpose derives from :class:`EventGuardError`, so one
 ``except EventGuardError`` separates our verdicts from bugs and from the host's own errors.
+An error that is also a misuse of Python's own kind derives from that builtin too, so
+``except TypeError`` or ``except ValueError`` still catches it::
+
+    EventGuardError
+    ├── IllegalTransition       the lifecycle state machine refused a transition (strict guards)
+    ├── InvalidEvent            an event a strict guard cannot accept
+    ├── NotAsyncIterable        (also TypeError) guard() was handed something else
+    ├── GuardAlreadyUsed        (also RuntimeError) a guard iterated or entered a second time
+    ├── GuardOutsideLoop        (also RuntimeError) a guard built or stepped outside its event loop
+    ├── SinkLoopError           (also RuntimeError) an SqlSink used from two event loops at once
+    └── StorageError            the database: eventguard's storage errors
+        ├── SchemaMismatchError the database's schema is not the one this version writes
+        └── InvalidQueryError   (also ValueError) a query argument the store cannot use
+
+None of them needs SQLAlchemy: importing this module is cheap.
 """
 
 from __future__ import annotations
@@ -17,12 +32,19 @@ __all__ = [
     "GuardOutsideLoop",
     "IllegalTransition",
     "InvalidEvent",
+    "InvalidQueryError",
     "NotAsyncIterable",
+    "SchemaMismatchError",
+    "SinkLoopError",
+    "StorageError",
 ]
 
 
 class EventGuardError(Exception):
     """Base class of every error eventguard raises on purpose."""
+
+
+# -- the guard and its lifecycle ---------------------------------------------------------------
 
 
 class IllegalTransition(EventGuardError):
@@ -55,3 +77,37 @@ class GuardOutsideLoop(EventGuardError, RuntimeError):
 
     Build the guard inside the coroutine that iterates it.
     """
+
+
+# -- the sink and the store --------------------------------------------------------------------
+
+
+class SinkLoopError(EventGuardError, RuntimeError):
+    """An SqlSink was used from a second event loop while another loop (another thread) runs it.
+
+    One sink serves several event loops one after the other (each gets its own writer and
+    engine), not at the same time: create one SqlSink per event loop.
+    """
+
+
+class StorageError(EventGuardError):
+    """Base class for eventguard's database errors."""
+
+
+class SchemaMismatchError(StorageError):
+    """The database's schema is not the one this eventguard version writes.
+
+    ``command`` is what to run about it; ``current`` and ``expected`` are Alembic revisions.
+    """
+
+    def __init__(
+        self, message: str, *, current: tuple[str, ...], expected: tuple[str, ...], command: str
+    ) -> None:
+        super().__init__(message)
+        self.current = current
+        self.expected = expected
+        self.command = command
+
+
+class InvalidQueryError(StorageError, ValueError):
+    """A query argument the store cannot use (a bad cursor, an unknown status, ...)."""

@@ -16,6 +16,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from eventguard import _db
+from eventguard.errors import InvalidQueryError
 from eventguard.records import (
     AnomalyRecord,
     Attempt,
@@ -28,7 +29,6 @@ from eventguard.records import (
     TransitionRecord,
 )
 from eventguard.sink import storable
-from eventguard.sink.errors import InvalidQueryError
 from eventguard.sink.tables import ENDED, ID, STATES, anomalies, events, responses, transitions
 
 __all__ = ["ResponseStore", "stored_id"]

@@ -6,6 +6,7 @@ public name means changing the pinned list here, on purpose.
 
 from __future__ import annotations
 
+import builtins
 import inspect
 import re
 import subprocess
@@ -60,6 +61,7 @@ EXPORTED = [
     "ResponseStore",
     "SchemaMismatchError",
     "Sink",
+    "SinkLoopError",
     "SqlSink",
     "State",
     "Stats",
@@ -165,6 +167,24 @@ def test_every_exported_name_has_a_docstring(name: str) -> None:
         assert not doc.startswith(f"{name}("), f"{name}'s docstring is the one dataclasses generated"
     else:
         assert _documented_by_comment(name), f"{name} has no '#:' comment above its assignment"
+
+
+def test_the_errors_docstring_draws_the_whole_hierarchy() -> None:
+    """Every error in eventguard.errors is in the tree, under its parent, with its builtin base."""
+    drawn: dict[str, tuple[str, str | None]] = {}
+    parents = ["EventGuardError"]
+    for line in (eventguard.errors.__doc__ or "").splitlines():
+        match = re.search(r"[├└]── (\w+)\s*(?:\(also (\w+)\))?", line)
+        if match is None:
+            continue
+        depth = (match.start() - 4) // 4
+        del parents[depth + 1 :]
+        drawn[match.group(1)] = (parents[depth], match.group(2))
+        parents.append(match.group(1))
+    assert {"EventGuardError", *drawn} == set(eventguard.errors.__all__)
+    for name, (parent, also) in drawn.items():
+        bases = [getattr(eventguard.errors, parent)] + ([getattr(builtins, also)] if also else [])
+        assert list(getattr(eventguard.errors, name).__bases__) == bases, name
 
 
 def test_version_is_the_installed_distributions_version() -> None:

@@ -31,10 +31,9 @@ from sqlalchemy.exc import ArgumentError
 from typer.core import TyperGroup
 
 from eventguard import _db
-from eventguard.errors import EventGuardError
+from eventguard.errors import EventGuardError, SchemaMismatchError
 from eventguard.lifecycle import State
 from eventguard.sink import migrate as _migrate
-from eventguard.sink.errors import SchemaMismatchError
 from eventguard.store import ResponseStore
 
 T = TypeVar("T")

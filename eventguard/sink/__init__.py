@@ -1,7 +1,6 @@
 """The SQL sink: verified-only persistence of response lifecycles and their event history."""
 
 from eventguard.sink.classify import ErrorKind, classify
-from eventguard.sink.errors import InvalidQueryError, SchemaMismatchError, SinkLoopError, StorageError
 from eventguard.sink.filter import EventFilter, EventMode, EventPredicate
 from eventguard.sink.quarantine import QuarantineRecord
 from eventguard.sink.recorder import SqlRecorder
@@ -15,16 +14,12 @@ __all__ = [
     "EventFilter",
     "EventMode",
     "EventPredicate",
-    "InvalidQueryError",
     "QuarantineRecord",
     "Redactor",
     "Refusal",
     "ReplayResult",
-    "SchemaMismatchError",
-    "SinkLoopError",
     "SinkStats",
     "SqlRecorder",
     "SqlSink",
-    "StorageError",
     "classify",
 ]

@@ -66,7 +66,7 @@ from enum import StrEnum
 import orjson
 from sqlalchemy import exc as sa_exc
 
-from eventguard.sink.errors import SchemaMismatchError
+from eventguard.errors import SchemaMismatchError
 
 
 class ErrorKind(StrEnum):

@@ -16,7 +16,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from eventguard.sink.errors import SchemaMismatchError
+from eventguard.errors import SchemaMismatchError
 from eventguard.sink.tables import VERSION_TABLE
 
 UPGRADE_COMMAND = "eventguard db upgrade"

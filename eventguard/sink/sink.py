@@ -53,12 +53,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from eventguard import _db
+from eventguard.errors import SchemaMismatchError, SinkLoopError
 from eventguard.lifecycle import Lifecycle
 from eventguard.sink import migrate as _migrate
 from eventguard.sink import quarantine
 from eventguard.sink.batch import Batch
 from eventguard.sink.classify import ErrorKind, classify, reason
-from eventguard.sink.errors import SchemaMismatchError, SinkLoopError
 from eventguard.sink.filter import EventFilter, EventMode, EventPredicate
 from eventguard.sink.quarantine import QuarantineRecord
 from eventguard.sink.recorder import SqlRecorder

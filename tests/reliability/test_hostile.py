@@ -18,8 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventguard import SqlSink, guard
-from eventguard.errors import EventGuardError
-from eventguard.sink import InvalidQueryError
+from eventguard.errors import EventGuardError, InvalidQueryError
 from eventguard.store import ResponseStore
 
 from ._common import SLOW, report

@@ -19,7 +19,8 @@ import pytest
 from sqlalchemy import func, select
 
 from eventguard import _db
-from eventguard.sink import SinkLoopError, SqlSink
+from eventguard.errors import SinkLoopError
+from eventguard.sink import SqlSink
 from eventguard.sink.tables import events, responses
 
 from .conftest import PG_DSN, PG_URL, _pg_reachable

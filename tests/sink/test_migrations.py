@@ -12,8 +12,9 @@ from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 
 from eventguard import State
+from eventguard.errors import SchemaMismatchError
 from eventguard.lifecycle import ENDED_STATES, TERMINAL_STATES
-from eventguard.sink import SchemaMismatchError, SqlSink
+from eventguard.sink import SqlSink
 from eventguard.sink import migrate as mig
 from eventguard.sink.tables import ENDED, STATES, TERMINAL, VERSION_TABLE, metadata
 

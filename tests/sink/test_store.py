@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
+from eventguard.errors import InvalidQueryError
 from eventguard.lifecycle import Lifecycle, ResponseInfo, State
-from eventguard.sink import InvalidQueryError, SqlSink
+from eventguard.sink import SqlSink
 from eventguard.sink.tables import responses
 from eventguard.store import ResponseStore
 
