@@ -251,9 +251,8 @@ class SqlSink:
         self._logged: set[str] = set()
         #: Set whenever something is spooled: the next successful write replays the spool.
         self._spooled = False
-        #: Quarantine file appends put off by the hot path (``_overflow``), for the writer to do.
+        #: Quarantine file appends left for the writer to do, in a thread (``_quarantine_file``).
         self._file_backlog: list[tuple[list[QuarantineRecord], str]] = []
-        self._deferring = False
         #: Before this (time.monotonic()), a successful write does not start a replay for
         #: ``_spooled`` alone (a file another process replays must not be looked at every cycle).
         self._replay_after = 0.0
@@ -434,13 +433,9 @@ class SqlSink:
             log.warning(
                 "eventguard sink: %d events buffered; spilling to %s", self._buffered, self.spool.path
             )
-        self._deferring = True
-        try:
-            batches = [b for rec in self._work if (b := self._collect(rec)) is not None]
-            self._buffered = sum(len(rec.pending) for rec in self._work)
-            self._to_spool(batches, None)
-        finally:
-            self._deferring = False
+        batches = [b for rec in self._work if (b := self._collect(rec)) is not None]
+        self._buffered = sum(len(rec.pending) for rec in self._work)
+        self._to_spool(batches, None)
 
     def writing(self) -> bool:
         """Whether the current loop's writer task is alive: it will store, or keep, what it was given."""
@@ -942,13 +937,17 @@ class SqlSink:
     def _quarantine_file(self, records: list[QuarantineRecord], why: str) -> None:
         """Append ``records`` to the quarantine file (fsync'd); ``why`` they are not in the table.
 
-        On the hot path (an overflow spill, from ``Recorder.event``) with a writer running, the
-        writer appends them instead, in a thread, on its next turn (see ``_drain_file_backlog``).
+        While a writer runs on this loop, it appends them instead, in a thread, at the end of its
+        turn (``_drain_file_backlog``): an fsync must hold up neither the hot path (an overflow
+        spill, from ``Recorder.event``) nor the event loop. Without one, it is done here.
         """
-        if self._deferring and self.writing():
+        if self.writing():
             self._file_backlog.append((records, why))
             self._wake.set()
             return
+        self._append_file(records, why)
+
+    def _append_file(self, records: list[QuarantineRecord], why: str) -> None:
         path = self.quarantine_path
         try:
             n = quarantine.append_file(path, records)
@@ -976,12 +975,8 @@ class SqlSink:
     def _drain_file_backlog_now(self) -> None:
         """The same, synchronously: the writer is ending."""
         backlog, self._file_backlog = self._file_backlog, []
-        deferring, self._deferring = self._deferring, False
-        try:
-            for records, why in backlog:
-                self._quarantine_file(records, why)
-        finally:
-            self._deferring = deferring
+        for records, why in backlog:
+            self._append_file(records, why)
 
     def _filed(self, n: int, path: Path, why: str) -> None:
         self.stats.quarantine_file += n
