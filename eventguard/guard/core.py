@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable
 from enum import Enum
 from types import AsyncGeneratorType, TracebackType
@@ -117,13 +118,18 @@ def guard(
     )
 
 
-class Guard:
-    """A single-use async iterator and async context manager over one guarded stream."""
+class _Core:
+    """Everything of one guard but its protocols: the parts, the hot loop, the ending.
+
+    The hot loop's generator holds this, not the :class:`Guard` that hands it out, and this holds the
+    generator only weakly: a Guard dropped without being closed is freed at once by reference counting,
+    and its suspended generator is finalised by the event loop then, not at the next garbage collection.
+    """
 
     __slots__ = (
         "__weakref__",
         "_closing",
-        "_gen",
+        "_gen_ref",
         "_host",
         "_inner",
         "_loop",
@@ -146,8 +152,6 @@ class Guard:
         info: ResponseInfo | None = None,
         process_shutdown: object = None,
     ) -> None:
-        """Built by :func:`guard` from its keyword arguments; built directly with a :class:`GuardOptions`
-        (``GuardedResponses`` does). ``options.recoverable=None`` is resolved here, by the host adapter."""
         aiter_ = getattr(stream, "__aiter__", None)
         if aiter_ is None:
             raise NotAsyncIterable(f"guard() needs an async iterable, got {type(stream).__name__}")
@@ -177,7 +181,8 @@ class Guard:
         #: The live lifecycle model of this response.
         self.lifecycle = Lifecycle.for_recovery(info) if info.is_recovery else Lifecycle(info=info)
         self._rec: Recorder | None = sink.recorder(self.lifecycle) if sink is not None else None
-        self._gen: AsyncGeneratorType[Any, None] | None = None
+        #: The hot loop's generator, once the Guard has made it (held weakly: see the class docstring).
+        self._gen_ref: weakref.ref[AsyncGeneratorType[Any, None]] | None = None
         self._phase = Phase.NEW
         #: The stuck-stream watchdog: its task, and the books of the cancel it may send (watchdog.py).
         self._watchdog = Watchdog()
@@ -186,67 +191,14 @@ class Guard:
         #: How the consumer is closing the guard while its generator unwinds (see _end_closed).
         self._closing: Ending | None = None
 
+    def _gen(self) -> AsyncGeneratorType[Any, None] | None:
+        ref = self._gen_ref
+        return None if ref is None else ref()
+
     def _open(self) -> None:
         """The guard is in use from its first step or close on: single use is spent."""
         if self._phase is Phase.NEW:
             self._phase = Phase.OPEN
-
-    @property
-    def inner_closed(self) -> int:
-        """How many times the guard closed the inner stream (0 or 1); public for tests and audits."""
-        return self._inner.closed
-
-    # -- the async context manager and iterator protocols --------------------------------------
-
-    async def __aenter__(self) -> Guard:
-        if self._phase is not Phase.NEW:
-            raise GuardAlreadyUsed("a guard is single-use; build a new one for each stream")
-        self._phase = Phase.OPEN
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        # The body of ``async with`` ended: a cancel thrown into the host's handler (a foreground
-        # disconnect with store=false) is a cancel, not a consumer that walked away.
-        await self._close(_exit_ending(exc))
-
-    def __aiter__(self) -> AsyncGeneratorType[Any, None]:
-        # ``async for`` drives the guard's own async generator directly: no extra layer per event.
-        gen = self._gen
-        if gen is None:
-            if self._phase is Phase.FINISHED:
-                gen = cast(AsyncGeneratorType[Any, None], _empty())
-            else:
-                gen = self._gen = cast(AsyncGeneratorType[Any, None], self._run())
-        return gen
-
-    def __anext__(self) -> Awaitable[Any]:
-        return self.__aiter__().__anext__()
-
-    async def aclose(self) -> None:
-        """End the guard: close the inner stream once, record the ending, flush. Again: a no-op.
-
-        Like an async generator's, it must not be called while another task is inside a step of
-        the guard: that raises ``RuntimeError`` and changes nothing.
-        """
-        await self._close(Ending.CLOSED_EARLY)
-
-    async def _close(self, ending: Ending) -> None:
-        self._open()
-        gen = self._gen
-        if gen is not None and gen.ag_await is not None:
-            if self._phase is Phase.FINISHED:
-                return
-            raise RuntimeError("aclose(): the guard is in the middle of a step in another task")
-        if gen is not None and not gen.ag_running:
-            # Suspended between events (or never started): end our generator first, in this call.
-            # Suspended at a hand-over, it records the ending itself (see _run), with this cause.
-            self._closing = ending
-            await gen.aclose()
-        if self._phase is Phase.FINISHED:
-            return
-        await self._end_closed(ending)
 
     async def _end_closed(self, ending: Ending) -> None:
         """The consumer closed the guard (or dropped it) before the end: decide, close, flush."""
@@ -460,11 +412,108 @@ class Guard:
         """``grace`` after the cause: the watchdog's turn (see Watchdog.on_grace)."""
         if self._phase is Phase.FINISHED:
             return False
-        return self._watchdog.on_grace(self._gen, self._ref, grace)
+        return self._watchdog.on_grace(self._gen(), self._ref, grace)
 
     def _on_second_grace(self) -> None:
         if self._phase is not Phase.FINISHED:
-            self._watchdog.on_second_grace(self._gen, self._ref)
+            self._watchdog.on_second_grace(self._gen(), self._ref)
+
+
+class Guard:
+    """A single-use async iterator and async context manager over one guarded stream.
+
+    The facade of the guard: its protocols. What it guards with lives in ``_Core``, which the hot loop's
+    generator holds instead of this object, so that nothing but its consumer keeps a Guard alive.
+    """
+
+    __slots__ = ("__weakref__", "_core", "_gen", "lifecycle")
+
+    def __init__(
+        self,
+        stream: AsyncIterable[Any],
+        cancellation_signal: CancellationSignal,
+        options: GuardOptions = _DEFAULTS,
+        *,
+        context: Any = None,
+        sink: Sink | None = None,
+        info: ResponseInfo | None = None,
+        process_shutdown: object = None,
+    ) -> None:
+        """Built by :func:`guard` from its keyword arguments; built directly with a :class:`GuardOptions`
+        (``GuardedResponses`` does). ``options.recoverable=None`` is resolved here, by the host adapter."""
+        self._core = core = _Core(
+            stream,
+            cancellation_signal,
+            options,
+            context=context,
+            sink=sink,
+            info=info,
+            process_shutdown=process_shutdown,
+        )
+        #: The live lifecycle model of this response.
+        self.lifecycle = core.lifecycle
+        self._gen: AsyncGeneratorType[Any, None] | None = None
+
+    @property
+    def inner_closed(self) -> int:
+        """How many times the guard closed the inner stream (0 or 1); public for tests and audits."""
+        return self._core._inner.closed
+
+    # -- the async context manager and iterator protocols --------------------------------------
+
+    async def __aenter__(self) -> Guard:
+        core = self._core
+        if core._phase is not Phase.NEW:
+            raise GuardAlreadyUsed("a guard is single-use; build a new one for each stream")
+        core._phase = Phase.OPEN
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        # The body of ``async with`` ended: a cancel thrown into the host's handler (a foreground
+        # disconnect with store=false) is a cancel, not a consumer that walked away.
+        await self._close(_exit_ending(exc))
+
+    def __aiter__(self) -> AsyncGeneratorType[Any, None]:
+        # ``async for`` drives the guard's own async generator directly: no extra layer per event.
+        gen = self._gen
+        if gen is None:
+            core = self._core
+            if core._phase is Phase.FINISHED:
+                gen = cast(AsyncGeneratorType[Any, None], _empty())
+            else:
+                gen = self._gen = cast(AsyncGeneratorType[Any, None], core._run())
+                core._gen_ref = weakref.ref(gen)
+        return gen
+
+    def __anext__(self) -> Awaitable[Any]:
+        return self.__aiter__().__anext__()
+
+    async def aclose(self) -> None:
+        """End the guard: close the inner stream once, record the ending, flush. Again: a no-op.
+
+        Like an async generator's, it must not be called while another task is inside a step of
+        the guard: that raises ``RuntimeError`` and changes nothing.
+        """
+        await self._close(Ending.CLOSED_EARLY)
+
+    async def _close(self, ending: Ending) -> None:
+        core = self._core
+        core._open()
+        gen = self._gen
+        if gen is not None and gen.ag_await is not None:
+            if core._phase is Phase.FINISHED:
+                return
+            raise RuntimeError("aclose(): the guard is in the middle of a step in another task")
+        if gen is not None and not gen.ag_running:
+            # Suspended between events (or never started): end our generator first, in this call.
+            # Suspended at a hand-over, it records the ending itself (see _run), with this cause.
+            core._closing = ending
+            await gen.aclose()
+        if core._phase is Phase.FINISHED:
+            return
+        await core._end_closed(ending)
 
 
 def _exit_ending(exc: BaseException | None) -> Ending:

@@ -130,6 +130,26 @@ async def test_a_guard_dropped_after_break_is_finalised_closed_early(
     assert ref() is None  # and the guard itself is gone
 
 
+@pytest.mark.parametrize("cancel_grace", [10.0, None], ids=["grace 10", "no watchdog"])
+async def test_a_dropped_guard_is_finalised_at_once_by_reference_counting(cancel_grace: float | None) -> None:
+    # The hot loop's generator holds the guard's parts, not the Guard: nothing refers back to the
+    # Guard, so dropping it frees it and its generator at once, with the garbage collector switched off.
+    inner = Inner(stream_events(5))
+    signal = asyncio.Event()
+    gc.disable()
+    try:
+        lc, ref = await break_and_drop(inner, signal, cancel_grace=cancel_grace, steps=2)
+        assert ref() is None  # gone the moment the last reference went
+        for _ in range(int(BOUND / 0.01)):  # a few loop turns: the finaliser's aclose() task
+            if lc.ended and not other_tasks():
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        gc.enable()
+    assert (lc.state, lc.cause) == (State.FAILED, Cause.CLOSED_EARLY)
+    assert inner.finally_ran == 1
+
+
 async def test_a_dropped_guard_is_ended_by_the_cause_flags_of_that_moment() -> None:
     # The decision table decides, as for any close: a client cancel before the drop is a cancel.
     inner = Inner(stream_events(5))
