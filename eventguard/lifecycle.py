@@ -31,6 +31,10 @@ __all__ = [
 
 
 class State(StrEnum):
+    """Where a response is: ``new``, ``queued``, ``in_progress``, one of the terminal states
+    (``completed``, ``incomplete``, ``failed``, ``cancelled``: final), or ``interrupted`` (stopped by
+    shutdown; a recovered attempt may take it up again). The moves allowed are ``ALLOWED_TRANSITIONS``."""
+
     NEW = "new"
     QUEUED = "queued"
     IN_PROGRESS = "in_progress"
@@ -82,6 +86,9 @@ class Cause(StrEnum):
 
 
 class AnomalyKind(StrEnum):
+    """What an :class:`Anomaly` is about: something the guard or the sink noticed and kept, instead of
+    refusing the stream (an out-of-order event, a terminal it replaced, a value it had to escape...)."""
+
     ILLEGAL_TRANSITION = "illegal_transition"
     DUPLICATE_TERMINAL = "duplicate_terminal"
     EVENT_AFTER_TERMINAL = "event_after_terminal"
@@ -112,6 +119,8 @@ def utcnow() -> datetime:
 
 
 class Usage(BaseModel):
+    """Token counts as the terminal event reported them (``response.usage``); each may be unknown."""
+
     model_config = ConfigDict(extra="ignore")
     input_tokens: int | None = None
     output_tokens: int | None = None
@@ -119,6 +128,9 @@ class Usage(BaseModel):
 
 
 class ErrorInfo(BaseModel):
+    """Why a response failed: the terminal's ``error.code`` and ``error.message``, or the exception the
+    inner stream raised (``exception_type``, and its text as ``message``)."""
+
     code: str | None = None
     message: str | None = None
     #: Set when the ending came from an exception: its qualified type name.
@@ -126,6 +138,9 @@ class ErrorInfo(BaseModel):
 
 
 class Transition(BaseModel):
+    """One verified state change: ``index`` within the lifecycle, the ``attempt`` it belongs to, the
+    states it moved between, when, its ``cause`` (for endings) and the ``reason`` (usually the event type)."""
+
     index: int
     attempt: int
     from_state: State
@@ -136,6 +151,9 @@ class Transition(BaseModel):
 
 
 class Anomaly(BaseModel):
+    """Something that did not fit the state machine or could not be stored as it was: its ``kind``, a
+    ``reason`` a person can read, when, the offending event's type and index, and its ``payload``."""
+
     index: int
     attempt: int
     at: datetime
