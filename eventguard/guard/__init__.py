@@ -1,11 +1,16 @@
 """The guard: an async-iterator combinator that decides a response stream's terminal by its cause.
 
-- ``core``: :class:`Guard`, its protocols, the hot loop and the ending.
-- ``options``: :class:`GuardOptions`, the one frozen options object.
-- ``host``: the host adapter, the only reader of the host's context (flags at a moment, waiting for
-  a cause, what the host says about the response).
+- ``core``: :func:`guard`; :class:`Guard`, the facade (its protocols), over the core that the hot
+  loop's generator holds (the parts, the hot loop, the ending); :class:`~eventguard.guard.core.Phase`.
+- ``referee``: the I/O-free core: lifecycle events, terminals, anomalies (one path), synthesised terminals.
 - ``owner``: the owner of the inner stream (closed once, in the call or in the background).
-- ``watchdog``: the search for the task inside the guard's step, which a stuck-stream cancel interrupts.
+- ``watchdog``: its task, the search for the task inside the guard's step, the stuck-stream cancel and
+  its take-back.
+- ``host``: the host adapter, the only reader of the host's context (flags at a moment, waiting for
+  a cause, what the host says about the response, whether a run can be recovered).
+- ``options``: :class:`GuardOptions`, the one frozen options object.
+
+Every policy lives in ``eventguard.decision``.
 """
 
 from __future__ import annotations
