@@ -26,7 +26,7 @@ from eventguard.errors import (
     SinkLoopError,
     StorageError,
 )
-from eventguard.guard import Guard, guard
+from eventguard.guard import Guard, GuardOptions, guard
 from eventguard.lifecycle import (
     ALLOWED_TRANSITIONS,
     ENDED_STATES,
@@ -114,6 +114,7 @@ __all__ = [
     "Forward",
     "Guard",
     "GuardAlreadyUsed",
+    "GuardOptions",
     "GuardOutsideLoop",
     "History",
     "IllegalTransition",

@@ -45,6 +45,7 @@ EXPORTED = [
     "Forward",
     "Guard",
     "GuardAlreadyUsed",
+    "GuardOptions",
     "GuardOutsideLoop",
     "History",
     "IllegalTransition",

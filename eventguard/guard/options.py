@@ -15,6 +15,9 @@ __all__ = ["GuardOptions"]
 
 @dataclass(frozen=True, slots=True)
 class GuardOptions:
+    """How a guard behaves: what ``guard()``'s keyword arguments say, as one frozen value (each field
+    below). ``GuardedResponses`` builds one from its own arguments and hands it to every guard."""
+
     #: ``"omit"``: on a client cancel forward no terminal (the host writes the cancel); ``"emit"``: one
     #: ``response.failed`` with status ``cancelled``.
     on_cancel: Literal["omit", "emit"] = "omit"
