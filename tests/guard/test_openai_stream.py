@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from eventguard import Cause, State, guard
-from eventguard._scenarios import workflow_agent
+from eventguard.testing import workflow_agent
 
 pytestmark = pytest.mark.upstream
 
