@@ -19,7 +19,8 @@ is the ready-made subclass. The explicit ``guard(...)`` form keeps working; this
 once, plus what the host knows about each response (agent name, recoverability).
 
 This is the only module of the package that imports ``agent_framework`` / ``azure.ai.agentserver``
-(``eventguard.testing``, the model-free building blocks of the demo and the tests, is the other user of the host).
+(``eventguard.testing``, the model-free building blocks of the demo and the tests, is the other
+user of the host).
 """
 
 from __future__ import annotations
