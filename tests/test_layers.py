@@ -11,7 +11,8 @@ are skipped, as they never run):
   a listed one that is gone);
 - only the host adapter and the test kit import the host (``agent_framework*``,
   ``azure.ai.agentserver``), and only the test kit, the demo and the CLI import ``uvicorn`` and
-  ``openai``.
+  ``openai``;
+- every file and name the doc quotes in backticks in "Where a change goes" and after still exists.
 """
 
 from __future__ import annotations
@@ -205,3 +206,38 @@ def test_the_parser_sees_function_level_imports_and_skips_type_checking() -> Non
         if isinstance(node, ast.Import | ast.ImportFrom)
     }
     assert names == {"typing", "eventguard.sink", "eventguard.verify"}
+
+
+@cache
+def _words() -> frozenset[str]:
+    """Every identifier-like word in the package, its tests and its migrations."""
+    text = "\n".join(
+        path.read_text()
+        for folder in ("eventguard", "tests", "migrations")
+        for path in (ROOT / folder).rglob("*.py")
+    )
+    return frozenset(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+
+
+def _stale(token: str) -> bool:
+    """Whether a name the doc quotes in backticks is gone from the code (a file, or a word in it)."""
+    if "<" in token:  # a template, such as eventguard/cli/<name>.py
+        return False
+    if "/" in token or token.endswith(".py"):
+        bare = token.rstrip("/")
+        return not (
+            (ROOT / bare).exists()
+            or (PACKAGE / bare).exists()
+            or any(PACKAGE.rglob(bare))
+            or any(ROOT.glob(bare))
+        )
+    token = token.lstrip("@").split("(", 1)[0]
+    return any(word not in _words() for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", token))
+
+
+def test_the_names_the_doc_quotes_still_exist() -> None:
+    """Where a change goes, the vocabulary and the known inconsistencies name files and names that exist."""
+    text = DESIGN.read_text()
+    checked = text[text.index("\n## 2.") :]
+    stale = sorted({token for token in re.findall(r"`([^`\n]+)`", checked) if _stale(token)})
+    assert not stale, f"docs/design.md names what the code no longer has: {stale}"
