@@ -15,7 +15,6 @@ from sqlalchemy import ColumnElement, Select, delete, func, select, update
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from eventguard import _db
 from eventguard.errors import InvalidQueryError
 from eventguard.records import (
     AnomalyRecord,
@@ -29,7 +28,8 @@ from eventguard.records import (
     TransitionRecord,
 )
 from eventguard.sink import storable
-from eventguard.sink.tables import ENDED, ID, STATES, anomalies, events, responses, transitions
+from eventguard.sql import engine as _db
+from eventguard.sql.tables import ENDED, ID, STATES, anomalies, events, responses, transitions
 
 __all__ = ["ResponseStore", "stored_id"]
 

@@ -30,7 +30,7 @@ from eventguard.events import (
 )
 from eventguard.lifecycle import ALLOWED_TRANSITIONS, ENDED_STATES, Lifecycle, State
 from eventguard.records import Attempt, History, TransitionRecord
-from eventguard.sink.tables import responses
+from eventguard.sql.tables import responses
 from eventguard.store import ResponseStore
 
 __all__ = ["Disagreement", "VerifyReport", "check_history", "verify"]

@@ -17,8 +17,8 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from eventguard._db import create_engine, resolve_url
-from eventguard.sink.tables import VERSION_TABLE, metadata
+from eventguard.sql.engine import create_engine, resolve_url
+from eventguard.sql.tables import VERSION_TABLE, metadata
 
 config = context.config
 
@@ -33,7 +33,7 @@ def _options(connection: Connection | None = None) -> dict[str, object]:
         # SQLite cannot ALTER most things: future migrations use batch mode there.
         "render_as_batch": connection is None or connection.dialect.name == "sqlite",
         "compare_type": True,
-        # Our engines emit BEGIN themselves on SQLite (see eventguard._db), so DDL is
+        # Our engines emit BEGIN themselves on SQLite (see eventguard.sql.engine), so DDL is
         # transactional there too: a failed migration leaves nothing half done.
         "transactional_ddl": True,
     }

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 import eventguard
-import eventguard._db
 import eventguard.errors
 import eventguard.lifecycle
 import eventguard.recording
 import eventguard.records
+import eventguard.sql.engine
 import eventguard.store
 
 #: Every public name of ``eventguard``, in ``__all__``'s order (constants, classes, then the rest).
@@ -124,7 +124,7 @@ def test_every_public_name_of_the_package_is_in_all() -> None:
 @pytest.mark.parametrize(
     "module",
     [
-        eventguard._db,
+        eventguard.sql.engine,
         eventguard.errors,
         eventguard.lifecycle,
         eventguard.recording,

@@ -30,10 +30,10 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError
 from typer.core import TyperGroup
 
-from eventguard import _db
 from eventguard.errors import EventGuardError, SchemaMismatchError
 from eventguard.lifecycle import State
-from eventguard.sink import migrate as _migrate
+from eventguard.sql import engine as _db
+from eventguard.sql import migrate as _migrate
 from eventguard.store import ResponseStore
 
 T = TypeVar("T")

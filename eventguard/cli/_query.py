@@ -11,7 +11,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 
 from eventguard.records import ResponseRecord
-from eventguard.sink.tables import responses
+from eventguard.sql.tables import responses
 from eventguard.store import ResponseStore
 
 

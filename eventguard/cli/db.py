@@ -9,7 +9,6 @@ import typer
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from eventguard import _db
 from eventguard.cli._common import (
     DatabaseUrl,
     Json,
@@ -20,7 +19,8 @@ from eventguard.cli._common import (
     run,
     say,
 )
-from eventguard.sink import migrate as _migrate
+from eventguard.sql import engine as _db
+from eventguard.sql import migrate as _migrate
 
 Revisions = tuple[str, ...]
 

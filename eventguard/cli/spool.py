@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from eventguard import _db
 from eventguard.cli._common import (
     DatabaseUrl,
     Json,
@@ -21,6 +20,7 @@ from eventguard.cli._common import (
     run,
 )
 from eventguard.sink import ReplayResult, SqlSink
+from eventguard.sql import engine as _db
 
 app = typer.Typer(
     help="The local spool of batches the database did not take.", no_args_is_help=True, rich_markup_mode=None

@@ -29,10 +29,10 @@ from typing import Any
 import openai
 from sqlalchemy.engine import URL
 
-from eventguard import _db
 from eventguard.records import ResponseRecord
 from eventguard.sink import SqlSink
-from eventguard.sink import migrate as _migrate
+from eventguard.sql import engine as _db
+from eventguard.sql import migrate as _migrate
 from eventguard.store import ResponseStore
 from eventguard.testing.server import loopback_server, wait_until
 from eventguard.testing.taps import Seen, tap

@@ -18,7 +18,7 @@ record around it is :mod:`eventguard.sink.spool`'s). Version 1 of that object::
      "refusal_idx": int | null, "stream_id": str | null}
 
 Times are ISO 8601 strings; event and anomaly payloads are JSON text kept as strings (they come
-back as :class:`~eventguard._db.PreSerialised`). Version 0 (the spool before records had a header)
+back as :class:`~eventguard.sql.engine.PreSerialised`). Version 0 (the spool before records had a header)
 is the same object with each event as ``{"response_id", "attempt", "seq", "type", "payload",
 "recorded_at"}``; :meth:`Batch.from_json` reads both.
 
@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import orjson
 from sqlalchemy import JSON, Boolean, Column, DateTime, Float, Integer, String, Table
 
-from eventguard._db import PreSerialised
-from eventguard.sink.tables import anomalies, responses, transitions
+from eventguard.sql.engine import PreSerialised
+from eventguard.sql.tables import anomalies, responses, transitions
 
 if TYPE_CHECKING:
     from eventguard.sink.recorder import SqlRecorder

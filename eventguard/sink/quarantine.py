@@ -34,7 +34,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from eventguard.sink.batch import Batch
-from eventguard.sink.tables import STREAM_ID_LENGTH, quarantine
+from eventguard.sql.tables import STREAM_ID_LENGTH, quarantine
 
 Origin: TypeAlias = Literal["write", "spool", "duplicate"]
 

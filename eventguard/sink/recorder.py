@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from sqlalchemy import Column, String
 
-from eventguard._db import PreSerialised
 from eventguard.lifecycle import AnomalyKind, Lifecycle
 from eventguard.sink import storable
 from eventguard.sink.batch import Batch
 from eventguard.sink.serialise import JSON_OPTIONS, NUL, encode
 from eventguard.sink.storable import Fix, nulls_hide_non_finite
-from eventguard.sink.tables import TERMINAL, TYPE_LENGTH, anomalies, responses
+from eventguard.sql.engine import PreSerialised
+from eventguard.sql.tables import TERMINAL, TYPE_LENGTH, anomalies, responses
 
 if TYPE_CHECKING:
     from eventguard.sink.sink import SqlSink

@@ -13,9 +13,9 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from eventguard._db import PreSerialised
 from eventguard.lifecycle import AnomalyKind
 from eventguard.sink.storable import JsonNotes, clean_json, nulls_hide_non_finite
+from eventguard.sql.engine import PreSerialised
 
 #: ``(event_type, jsonable_event) -> what to store``. Runs in the writer, not on the hot path.
 #: It receives the very dict the client was sent: return a new object, never mutate it.

@@ -5,7 +5,7 @@ transaction per cycle, which is what SQLite wants (a single writer path) and che
 PostgreSQL. The guard's hot path only appends references; the writer serialises and writes.
 
 What the writer does with a failed write depends on what the error means
-(:mod:`eventguard.sink.classify`):
+(:mod:`eventguard.sql.classify`):
 
 - **The database is away** (unreachable, locked, out of disk, a schema to migrate): the batches go
   to the spool, the writer backs off, and the spool is replayed in the background as soon as a
@@ -52,20 +52,20 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from eventguard import _db
 from eventguard.errors import SchemaMismatchError, SinkLoopError
 from eventguard.lifecycle import Lifecycle
-from eventguard.sink import migrate as _migrate
 from eventguard.sink import quarantine
 from eventguard.sink.batch import Batch
-from eventguard.sink.classify import ErrorKind, classify, reason
 from eventguard.sink.filter import EventFilter, EventMode, EventPredicate
 from eventguard.sink.quarantine import QuarantineRecord
 from eventguard.sink.recorder import SqlRecorder
 from eventguard.sink.serialise import Redactor
 from eventguard.sink.spool import Spool
-from eventguard.sink.tables import responses
 from eventguard.sink.writer import Refusal, Written, note_refused, write
+from eventguard.sql import engine as _db
+from eventguard.sql import migrate as _migrate
+from eventguard.sql.classify import ErrorKind, classify, reason
+from eventguard.sql.tables import responses
 
 log = logging.getLogger("eventguard.sink")
 

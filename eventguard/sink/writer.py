@@ -67,12 +67,12 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.pool import NullPool
 
-from eventguard._db import PreSerialised
 from eventguard.lifecycle import AnomalyKind
 from eventguard.sink import quarantine
 from eventguard.sink.batch import Batch
 from eventguard.sink.serialise import encode_value
-from eventguard.sink.tables import TERMINAL, anomalies, events, responses, sql_list, transitions
+from eventguard.sql.engine import PreSerialised
+from eventguard.sql.tables import TERMINAL, anomalies, events, responses, sql_list, transitions
 
 #: Response rows per upsert statement, and events (transitions, anomalies) per insert. Each
 #: statement binds a fixed number of values whatever its row count (one JSON array on SQLite,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eventguard.sink.migrate import expected_heads
+from eventguard.sql.migrate import expected_heads
 
 from .conftest import Cli
 

@@ -29,10 +29,11 @@ from sqlalchemy import insert, text, update
 from sqlalchemy.exc import ArgumentError
 from typer.testing import CliRunner
 
-from eventguard import ResponseInfo, ResponseStore, _db, guard
+from eventguard import ResponseInfo, ResponseStore, guard
 from eventguard.cli import _common, app
 from eventguard.sink import SqlSink
-from eventguard.sink.tables import VERSION_TABLE, events, responses, transitions
+from eventguard.sql import engine as _db
+from eventguard.sql.tables import VERSION_TABLE, events, responses, transitions
 
 from .conftest import STEP, Cli, record
 

@@ -23,7 +23,7 @@ from sqlalchemy import func, select
 
 from eventguard import SqlSink
 from eventguard.foundry import GuardedResponses
-from eventguard.sink.tables import events, responses, transitions
+from eventguard.sql.tables import events, responses, transitions
 from eventguard.store import ResponseStore
 from eventguard.testing import ScriptedChatClient, chat_agent, loopback_server
 

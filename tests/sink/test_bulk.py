@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from eventguard.lifecycle import Lifecycle, ResponseInfo, State
 from eventguard.sink import SqlSink
-from eventguard.sink.tables import TERMINAL, anomalies, events, responses, transitions
+from eventguard.sql.tables import TERMINAL, anomalies, events, responses, transitions
 
 from .conftest import Target
 from .helpers import delta, run_guarded, script

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import func, select
 
 from eventguard.sink import SqlSink
-from eventguard.sink.tables import TERMINAL, events, responses, transitions
+from eventguard.sql.tables import TERMINAL, events, responses, transitions
 
 from .conftest import Target
 from .helpers import aiter_of, script

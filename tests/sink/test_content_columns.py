@@ -28,7 +28,7 @@ from eventguard.lifecycle import AnomalyKind, Cause, Lifecycle, ResponseInfo, St
 from eventguard.records import History
 from eventguard.sink import SqlSink
 from eventguard.sink.storable import REPLACEMENT, unescape
-from eventguard.sink.tables import responses
+from eventguard.sql.tables import responses
 from eventguard.store import ResponseStore
 
 from .conftest import Target

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from eventguard.lifecycle import Cause, Lifecycle, ResponseInfo, State
 from eventguard.sink import SqlSink, quarantine
 from eventguard.sink.recorder import SqlRecorder
-from eventguard.sink.tables import anomalies, events, responses, transitions
+from eventguard.sql.tables import anomalies, events, responses, transitions
 
 from .conftest import Target
 from .helpers import created, in_progress, run_guarded, terminal

@@ -20,9 +20,9 @@ from eventguard.lifecycle import Lifecycle, ResponseInfo, State
 from eventguard.sink import SqlSink, quarantine
 from eventguard.sink import sink as sinkmod
 from eventguard.sink.batch import Batch
-from eventguard.sink.classify import ErrorKind, classify
 from eventguard.sink.recorder import SqlRecorder
-from eventguard.sink.tables import events, responses
+from eventguard.sql.classify import ErrorKind, classify
+from eventguard.sql.tables import events, responses
 
 from .conftest import Target
 from .helpers import run_guarded, script

@@ -18,10 +18,10 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 from sqlalchemy import func, select
 
-from eventguard import _db
 from eventguard.errors import SinkLoopError
 from eventguard.sink import SqlSink
-from eventguard.sink.tables import events, responses
+from eventguard.sql import engine as _db
+from eventguard.sql.tables import events, responses
 
 from .conftest import PG_DSN, PG_URL, _pg_reachable
 from .helpers import run_guarded, script

@@ -15,8 +15,8 @@ from eventguard import State
 from eventguard.errors import SchemaMismatchError
 from eventguard.lifecycle import ENDED_STATES, TERMINAL_STATES
 from eventguard.sink import SqlSink
-from eventguard.sink import migrate as mig
-from eventguard.sink.tables import ENDED, STATES, TERMINAL, VERSION_TABLE, metadata
+from eventguard.sql import migrate as mig
+from eventguard.sql.tables import ENDED, STATES, TERMINAL, VERSION_TABLE, metadata
 
 from .conftest import Target
 

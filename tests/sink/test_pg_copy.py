@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from eventguard import _db
 from eventguard.sink import SqlSink, writer
 from eventguard.sink import sink as sink_module
 from eventguard.sink.batch import Batch
+from eventguard.sql import engine as _db
 
 from .conftest import Target
 from .helpers import run_guarded, script

@@ -19,10 +19,10 @@ from sqlalchemy import func, select, text
 
 from eventguard.sink import SqlSink, quarantine
 from eventguard.sink.batch import Batch
-from eventguard.sink.classify import ErrorKind, classify
 from eventguard.sink.recorder import SqlRecorder
-from eventguard.sink.tables import anomalies, events, responses
-from eventguard.sink.tables import quarantine as quarantine_table
+from eventguard.sql.classify import ErrorKind, classify
+from eventguard.sql.tables import anomalies, events, responses
+from eventguard.sql.tables import quarantine as quarantine_table
 
 from .conftest import PG_DSN, Target
 from .helpers import delta, run_guarded, script

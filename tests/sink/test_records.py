@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from eventguard import guard
 from eventguard.lifecycle import Cause, Lifecycle, ResponseInfo, State
 from eventguard.sink import SqlSink, quarantine
-from eventguard.sink.tables import TERMINAL, transitions
+from eventguard.sql.tables import TERMINAL, transitions
 from eventguard.store import ResponseStore
 
 from .conftest import Target

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from eventguard import ResponseStore
 from eventguard.lifecycle import Cause, Lifecycle, ResponseInfo, State
 from eventguard.sink import SqlSink, quarantine
-from eventguard.sink.tables import responses
+from eventguard.sql.tables import responses
 
 from .conftest import Target
 

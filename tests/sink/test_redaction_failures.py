@@ -17,8 +17,8 @@ from eventguard.sink import SqlSink, quarantine
 from eventguard.sink.batch import Batch
 from eventguard.sink.recorder import SqlRecorder
 from eventguard.sink.spool import Spool
-from eventguard.sink.tables import anomalies, events, responses
-from eventguard.sink.tables import quarantine as quarantine_table
+from eventguard.sql.tables import anomalies, events, responses
+from eventguard.sql.tables import quarantine as quarantine_table
 
 from .conftest import Target
 from .helpers import created, delta, in_progress, run_guarded, terminal

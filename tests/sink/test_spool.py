@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from eventguard import guard
 from eventguard.sink import SqlSink
 from eventguard.sink.spool import Spool
-from eventguard.sink.tables import events, responses
+from eventguard.sql.tables import events, responses
 
 from .conftest import PG_DSN, PG_URL, Target
 from .helpers import script

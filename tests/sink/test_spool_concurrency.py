@@ -196,7 +196,7 @@ def test_two_cli_replays_at_once_report_counts_that_add_up(tmp_path: Path) -> No
     from sqlalchemy import func, select
 
     from eventguard.sink import SqlSink
-    from eventguard.sink.tables import events, responses
+    from eventguard.sql.tables import events, responses
 
     url = f"sqlite+aiosqlite:///{tmp_path / 'eg.db'}"
     spool = Spool(tmp_path / "spool.jsonl")

@@ -20,10 +20,10 @@ from typing import Any
 import orjson
 import pytest
 
-from eventguard._db import PreSerialised
 from eventguard.sink.batch import Batch, BatchFormatError
 from eventguard.sink.spool import BadRecord, Spool, SpoolFile, encode_record
-from eventguard.sink.tables import responses
+from eventguard.sql.engine import PreSerialised
+from eventguard.sql.tables import responses
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 

@@ -24,7 +24,7 @@ from eventguard.sink import SqlSink, quarantine
 from eventguard.sink import sink as sinkmod
 from eventguard.sink.batch import Batch
 from eventguard.sink.spool import Spool
-from eventguard.sink.tables import events, responses
+from eventguard.sql.tables import events, responses
 
 from .conftest import Target
 from .helpers import delta, run_guarded, script

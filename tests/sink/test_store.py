@@ -13,7 +13,7 @@ from sqlalchemy import update
 from eventguard.errors import InvalidQueryError
 from eventguard.lifecycle import Lifecycle, ResponseInfo, State
 from eventguard.sink import SqlSink
-from eventguard.sink.tables import responses
+from eventguard.sql.tables import responses
 from eventguard.store import ResponseStore
 
 from .conftest import Target

@@ -19,7 +19,8 @@ SCRIPT = textwrap.dedent(
     """
     import asyncio, sys
     import eventguard
-    from eventguard.sink import SqlSink, migrate
+    from eventguard.sink import SqlSink
+    from eventguard.sql import migrate
     assert "site-packages" in eventguard.__file__, eventguard.__file__
     assert "_migrations" in str(migrate.migrations_dir()), migrate.migrations_dir()
 

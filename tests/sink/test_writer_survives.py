@@ -19,7 +19,7 @@ from eventguard.sink import SqlSink, quarantine
 from eventguard.sink.batch import Batch
 from eventguard.sink.recorder import SqlRecorder
 from eventguard.sink.spool import Spool
-from eventguard.sink.tables import events, responses
+from eventguard.sql.tables import events, responses
 
 from .conftest import Target
 from .helpers import created, delta, in_progress, run_guarded, script

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from eventguard.errors import SchemaMismatchError
-from eventguard.sink.tables import VERSION_TABLE
+from eventguard.sql.tables import VERSION_TABLE
 
 UPGRADE_COMMAND = "eventguard db upgrade"
 
