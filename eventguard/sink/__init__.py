@@ -1,11 +1,11 @@
 """The SQL sink: verified-only persistence of response lifecycles and their event history."""
 
+from eventguard.sink.apply import Duplicate, Refusal
 from eventguard.sink.filter import EventFilter, EventMode, EventPredicate
 from eventguard.sink.quarantine import QuarantineRecord
 from eventguard.sink.recorder import SqlRecorder
 from eventguard.sink.serialise import Redactor
 from eventguard.sink.sink import ReplayResult, SinkStats, SqlSink
-from eventguard.sink.writer import Duplicate, Refusal
 from eventguard.sql.classify import ErrorKind, classify
 
 __all__ = [

@@ -31,8 +31,8 @@ from eventguard.sql.engine import PreSerialised
 from eventguard.sql.tables import TERMINAL, TYPE_LENGTH, anomalies, responses
 
 if TYPE_CHECKING:
+    from eventguard.sink.apply import Refusal
     from eventguard.sink.sink import SqlSink
-    from eventguard.sink.writer import Refusal
 
 
 def _length(column: Column[Any]) -> int:
@@ -172,7 +172,7 @@ class SqlRecorder:
 
     def renumber(self, attempt: int, shift: int, stream_id: str) -> None:
         """From the lifecycle's ``attempt`` on, store this stream ``shift`` attempts higher, as
-        ``stream_id``: the writer found its attempt taken (see :mod:`eventguard.sink.writer`)."""
+        ``stream_id``: the writer found its attempt taken (see :mod:`eventguard.sink.apply`)."""
         self._shift_from, self._shift, self.stream_id = attempt, shift, stream_id
 
     def _stored(self, attempt: int) -> int:

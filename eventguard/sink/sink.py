@@ -55,13 +55,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from eventguard.errors import SchemaMismatchError, SinkLoopError
 from eventguard.lifecycle import Lifecycle
 from eventguard.sink import quarantine
+from eventguard.sink.apply import Refusal, Written, note_refused, write
 from eventguard.sink.batch import Batch
 from eventguard.sink.filter import EventFilter, EventMode, EventPredicate
 from eventguard.sink.quarantine import QuarantineRecord
 from eventguard.sink.recorder import SqlRecorder
 from eventguard.sink.serialise import Redactor
 from eventguard.sink.spool import Spool
-from eventguard.sink.writer import Refusal, Written, note_refused, write
 from eventguard.sql import engine as _db
 from eventguard.sql import migrate as _migrate
 from eventguard.sql.classify import ErrorKind, classify, reason

@@ -105,7 +105,7 @@ responses = Table(
     # Which sink instance last wrote the row, and when: `recover` finds rows nobody owns any more.
     Column("owner", String(255)),
     # The guarded stream that owns the current attempt (the first whose row write landed): a
-    # second stream with the same response id and attempt is refused as a whole (sink.writer).
+    # second stream with the same response id and attempt is refused as a whole (sink.apply).
     Column("stream_id", String(STREAM_ID_LENGTH)),
     Column("updated_at", TS, nullable=False),
     # Bumped on every update: optimistic concurrency for anyone who reads, then writes.

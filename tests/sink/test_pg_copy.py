@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from eventguard.sink import SqlSink, writer
+from eventguard.sink import SqlSink, apply
 from eventguard.sink import sink as sink_module
 from eventguard.sink.batch import Batch
 from eventguard.sql import engine as _db
@@ -24,18 +24,18 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[Batch]]:
     """Count the COPY passes and keep every batch the sink writes."""
     copies: list[int] = []
     batches: list[Batch] = []
-    copy_events = writer._copy_events
+    copy_events = apply._copy_events
     write = sink_module.write
 
     async def counting_copy(conn: Any, driver: Any, todo: Sequence[Batch]) -> None:
         copies.append(sum(len(b.events) for b in todo))
         await copy_events(conn, driver, todo)
 
-    async def keeping_write(conn: Any, todo: Sequence[Batch], **kw: Any) -> writer.Written:
+    async def keeping_write(conn: Any, todo: Sequence[Batch], **kw: Any) -> apply.Written:
         batches.extend(todo)
         return await write(conn, todo, **kw)
 
-    monkeypatch.setattr(writer, "_copy_events", counting_copy)
+    monkeypatch.setattr(apply, "_copy_events", counting_copy)
     monkeypatch.setattr(sink_module, "write", keeping_write)
     return copies, batches
 
@@ -114,20 +114,20 @@ async def test_staging_table_survives_a_rollback_and_is_emptied_by_commit(
                 # The first write on this session creates the table, then its transaction fails.
                 with pytest.raises(RuntimeError):
                     async with conn.begin():
-                        await writer.write(conn, batches)
+                        await apply.write(conn, batches)
                         raise RuntimeError("after the write")
                 assert await conn.scalar(text("SELECT count(*) FROM eventguard_events")) == 0
                 await conn.commit()
                 # The table is still there: the next write on the same session uses it.
                 async with conn.begin():
-                    await writer.write(conn, batches)
-                    assert await conn.scalar(text(f"SELECT count(*) FROM pg_temp.{writer._STAGE}")) == 24
-                assert await conn.scalar(text(f"SELECT count(*) FROM pg_temp.{writer._STAGE}")) == 0
+                    await apply.write(conn, batches)
+                    assert await conn.scalar(text(f"SELECT count(*) FROM pg_temp.{apply._STAGE}")) == 24
+                assert await conn.scalar(text(f"SELECT count(*) FROM pg_temp.{apply._STAGE}")) == 0
                 assert await conn.scalar(text("SELECT count(*) FROM eventguard_events")) == 24
                 await conn.commit()
                 # Written again (a replay): nothing changes, nothing fails.
                 async with conn.begin():
-                    await writer.write(conn, batches)
+                    await apply.write(conn, batches)
                 assert await conn.scalar(text("SELECT count(*) FROM eventguard_events")) == 24
         finally:
             await engine.dispose()
@@ -152,13 +152,13 @@ async def test_a_driver_call_translates_driver_errors_only(pg_target: Target, ra
             driver = (await conn.get_raw_connection()).driver_connection
             assert driver is not None
             with pytest.raises(DBAPIError):
-                await writer._driver_call(conn, "SELECT 1/0", driver.execute("SELECT 1/0"))
+                await apply._driver_call(conn, "SELECT 1/0", driver.execute("SELECT 1/0"))
 
             async def fails() -> None:
                 raise raised
 
             with pytest.raises(type(raised)) as caught:
-                await writer._driver_call(conn, "SELECT 1", fails())
+                await apply._driver_call(conn, "SELECT 1", fails())
             assert caught.value is raised
     finally:
         await engine.dispose()
