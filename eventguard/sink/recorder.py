@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from sqlalchemy import Column, String
@@ -32,7 +32,33 @@ from eventguard.sql.tables import TERMINAL, TYPE_LENGTH, anomalies, responses
 
 if TYPE_CHECKING:
     from eventguard.sink.apply import Refusal
-    from eventguard.sink.sink import SqlSink
+    from eventguard.sink.filter import EventFilter
+    from eventguard.sink.serialise import Redactor
+
+
+class RecorderSink(Protocol):
+    """What an :class:`SqlRecorder` asks of the sink that made it (an :class:`~eventguard.sink.SqlSink`).
+
+    ``note_event`` is the hot path's one call: it never awaits and does no I/O.
+    """
+
+    @property
+    def filter(self) -> EventFilter: ...
+    @property
+    def owner(self) -> str: ...
+    @property
+    def close_timeout(self) -> float: ...
+    @property
+    def max_payload_bytes(self) -> int: ...
+    @property
+    def redact(self) -> Redactor | None: ...
+
+    def note_event(self, rec: SqlRecorder) -> None: ...
+    def note_change(self, rec: SqlRecorder) -> None: ...
+    def note_close(self, rec: SqlRecorder) -> None: ...
+    def writing(self) -> bool: ...
+    def spool_now(self, rec: SqlRecorder, why: str) -> None: ...
+    def unexpected(self, exc: BaseException, where: str) -> None: ...
 
 
 def _length(column: Column[Any]) -> int:
@@ -84,7 +110,7 @@ class SqlRecorder:
         "stream_id",
     )
 
-    def __init__(self, sink: SqlSink, lifecycle: Lifecycle) -> None:
+    def __init__(self, sink: RecorderSink, lifecycle: Lifecycle) -> None:
         self._sink = sink
         self.lifecycle = lifecycle
         self._keep = sink.filter.keep
@@ -124,17 +150,17 @@ class SqlRecorder:
         if not self._keep(event_type, event):
             return
         self.pending.append((self.lifecycle.attempt, index, event_type, event))
-        self._sink._note_event(self)
+        self._sink.note_event(self)
 
     def changed(self) -> None:
         self.dirty = True
-        self._sink._note_change(self)
+        self._sink.note_change(self)
 
     async def close(self) -> None:
         if self._done is None:
             self.closing = True
             self._done = asyncio.get_running_loop().create_future()
-            self._sink._note_close(self)
+            self._sink.note_close(self)
         if self._done.done():
             return
         sink = self._sink
@@ -150,10 +176,10 @@ class SqlRecorder:
                     # A writer behind a backlog (a thousand streams) is left to catch up rather
                     # than have its data moved out of the database into the spool.
                     continue
-                sink._spool_now(self, "the final flush timed out and the writer is gone")
+                sink.spool_now(self, "the final flush timed out and the writer is gone")
                 return
             except asyncio.CancelledError:
-                sink._spool_now(self, "the final flush was cancelled")
+                sink.spool_now(self, "the final flush was cancelled")
                 raise
 
     # -- writer side -------------------------------------------------------------------------
@@ -396,7 +422,7 @@ class SqlRecorder:
         try:
             enc = encode(payload, etype, max_bytes=sink.max_payload_bytes, redact=sink.redact)
         except Exception as exc:  # only the redactor can raise there: its text may quote the payload
-            sink._unexpected(exc, "redacting an anomaly's payload")
+            sink.unexpected(exc, "redacting an anomaly's payload")
             self._note(
                 AnomalyKind.NOT_SERIALISABLE.value,
                 f"{where}'s payload: the redactor raised {type(exc).__name__}; payload not stored",

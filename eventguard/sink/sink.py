@@ -352,7 +352,7 @@ class SqlSink:
         try:
             await self.flush()
         except Exception as exc:  # pragma: no cover - flush keeps everything itself
-            self._unexpected(exc, "the final flush")
+            self.unexpected(exc, "the final flush")
         self._closed = True
         for other in self._states:
             engine, other.engine = other.engine, None
@@ -402,7 +402,8 @@ class SqlSink:
             rec.queued = True
             self._work.append(rec)
 
-    def _note_event(self, rec: SqlRecorder) -> None:
+    def note_event(self, rec: SqlRecorder) -> None:
+        """A recorder buffered an event (the hot path: one append, then this)."""
         self._enqueue(rec)
         self._buffered += 1
         if self._buffered >= self.flush_every:
@@ -410,16 +411,18 @@ class SqlSink:
             if self._buffered >= self.max_buffered:
                 self._overflow()
 
-    def _note_change(self, rec: SqlRecorder) -> None:
+    def note_change(self, rec: SqlRecorder) -> None:
+        """A recorder's lifecycle changed: the writer is woken."""
         self._enqueue(rec)
         self._wake.set()
 
-    def _note_close(self, rec: SqlRecorder) -> None:
+    def note_close(self, rec: SqlRecorder) -> None:
+        """A recorder is closing: the writer is woken; with no writer, what it holds is spooled."""
         self._enqueue(rec)
         self._wake.set()
         if not self.writing():
             # No writer (the sink was closed, or the loop that ran it is gone): keep it locally.
-            self._spool_now(rec, "the sink's writer is not running")
+            self.spool_now(rec, "the sink's writer is not running")
 
     def _overflow(self) -> None:
         # The writer is behind by max_buffered events: move what waits to the spool now rather
@@ -447,7 +450,8 @@ class SqlSink:
         except RuntimeError:
             return False
 
-    def _spool_now(self, rec: SqlRecorder, why: str) -> None:
+    def spool_now(self, rec: SqlRecorder, why: str) -> None:
+        """Keep what a closing recorder still holds in the spool file (its final flush cannot happen)."""
         batch = self._collect(rec)
         batches = [*rec.inflight, *([batch] if batch is not None else [])]
         if batches:
@@ -508,7 +512,7 @@ class SqlSink:
         # The writer catches everything but cancellation; should anything escape all the same,
         # it is said here (with the traceback) rather than as "Task exception was never retrieved".
         if not task.cancelled() and (exc := task.exception()) is not None:
-            self._unexpected(exc, "the writer task ended")
+            self.unexpected(exc, "the writer task ended")
 
     async def _run(self, st: _LoopState) -> None:
         try:
@@ -527,7 +531,7 @@ class SqlSink:
                         await self._cycle(recorders)
                     await self._drain_file_backlog()
                 except Exception as exc:  # the writer never dies: say it once, carry on
-                    self._unexpected(exc, "a write cycle")
+                    self.unexpected(exc, "a write cycle")
                     await asyncio.sleep(_ERROR_PAUSE)  # a bug that repeats must not spin
                 if st.stopping:
                     return  # aclose() does the last flush itself
@@ -577,7 +581,7 @@ class SqlSink:
         try:
             return rec.collect()
         except Exception as exc:
-            self._unexpected(exc, "collecting a stream's work")
+            self.unexpected(exc, "collecting a stream's work")
             lc = rec.lifecycle
             record = quarantine.entry(
                 "write",
@@ -653,7 +657,7 @@ class SqlSink:
             self._to_spool(batches, None)
             raise
         except Exception as exc:  # a bug: _persist keeps everything itself, or should
-            self._unexpected(exc, "a write")
+            self.unexpected(exc, "a write")
             self._to_spool(batches, None)
         finally:
             for rec in recorders:
@@ -661,7 +665,7 @@ class SqlSink:
                 try:
                     done = rec.closing and not rec.has_work()
                 except Exception as exc:  # a recorder's bug: its close() must not wait for ever
-                    self._unexpected(exc, "a stream's state")
+                    self.unexpected(exc, "a stream's state")
                     done = True
                 if done:
                     self._finish(rec)
@@ -740,7 +744,7 @@ class SqlSink:
         identifies the event (attempt, seq, type) and why, never the event: it is what the
         redactor was meant to mask, and it never saw it through.
         """
-        self._unexpected(exc, "serialising an event")
+        self.unexpected(exc, "serialising an event")
         redacted = self.redact is not None
         cause = f"the redactor raised {reason(exc)}" if redacted else reason(exc)
         why = f"the event could not be serialised: {cause}"
@@ -890,7 +894,7 @@ class SqlSink:
         database asked whether it is there: reachable, the content was the trouble."""
         kind = classify(exc)
         if kind is ErrorKind.UNKNOWN:
-            self._unexpected(exc, "a write")
+            self.unexpected(exc, "a write")
             kind = ErrorKind.DATA if await self._reachable() else ErrorKind.OUTAGE
         if kind is ErrorKind.SCHEMA:
             self._ready = False  # look at the schema again before the next write
@@ -1019,7 +1023,7 @@ class SqlSink:
         its DSN in an error)."""
         return _db.scrub(quarantine.text(reason(exc)), self._secrets)
 
-    def _unexpected(self, exc: BaseException, where: str) -> None:
+    def unexpected(self, exc: BaseException, where: str) -> None:
         """An error the writer did not expect: counted, logged with its traceback once per kind."""
         self.stats.unexpected_errors += 1
         key = f"{where}:{type(exc).__qualname__}"

@@ -121,7 +121,7 @@ def test_an_unexpected_error_is_logged_without_the_password_or_the_bound_values(
                 "the write failed", "INSERT INTO eventguard_events VALUES (?)", {"payload": PAYLOAD}, inner
             ) from inner
     except StatementError as exc:
-        sink._unexpected(exc, "a write")
+        sink.unexpected(exc, "a write")
     # As a plain handler would print each record, traceback included.
     shown = "\n".join(logging.Formatter().format(r) for r in caplog.records)
     assert "Traceback (most recent call last)" in shown
