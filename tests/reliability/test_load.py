@@ -42,7 +42,10 @@ class LoadServer(GuardedResponses, ResponsesHostServer):  # type: ignore[misc]
 
 
 def serving(app: Any) -> AbstractAsyncContextManager[str]:
-    return loopback_server(app, within=60, log_level="warning", backlog=4096)
+    # Idle keep-alive connections stay open for the whole test: with uvicorn's default (5 s) a pooled
+    # connection the server is just closing can be reused by the client (a ReadError on a retrieve
+    # after the minute the test may wait for every guard to end), a race of the harness, not the host.
+    return loopback_server(app, within=60, log_level="warning", backlog=4096, timeout_keep_alive=600)
 
 
 async def one(client: openai.AsyncOpenAI, i: int, ids: dict[int, str], cancel: bool) -> int:
