@@ -110,7 +110,7 @@ class AnomalyKind(StrEnum):
     NOT_SERIALISABLE = "not_serialisable"
     #: A column value (an id, a message, a reason, an event type) changed to be storable.
     VALUE_ESCAPED = "value_escaped"
-    #: A second stream carried this response's id and attempt: refused as a whole (sink.writer).
+    #: A second stream carried this response's id and attempt: refused as a whole (sink.apply).
     DUPLICATE_STREAM = "duplicate_stream"
 
 
