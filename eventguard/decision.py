@@ -81,6 +81,10 @@ class Flags:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
+    """What :func:`decide` says: what to ``forward`` in place of the inner stream's terminal, the
+    ``state`` and ``cause`` the lifecycle ends with, a ``reason`` a person can read, and the flags the
+    ending carries (``steering_cut_short``, ``unverified``)."""
+
     forward: Forward
     state: State
     cause: Cause
