@@ -7,6 +7,7 @@ the flags at the moment the inner stream produced its terminal (or ended) and pa
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from dataclasses import dataclass
 from enum import Enum
@@ -25,6 +26,7 @@ __all__ = [
     "Flags",
     "Forward",
     "decide",
+    "exit_ending",
     "settle",
     "unverified",
 ]
@@ -154,6 +156,17 @@ def _decide(ending: Ending, flags: Flags, on_cancel: str, *, keep: bool, recover
         return Decision(Forward.NOTHING, State.FAILED, Cause.ABANDONED, "the host stopped iterating")
     # CLOSED_EARLY with no cause flag: the consumer walked away before the end.
     return Decision(Forward.NOTHING, State.FAILED, Cause.CLOSED_EARLY, "closed before the inner stream ended")
+
+
+def exit_ending(exc: BaseException | None) -> Ending:
+    """How the exception an ``async with guard(...)`` body exits with (``exc``; None: none) ends a
+    stream the guard had not finished: a cancel thrown into the host's handler (a foreground disconnect
+    with store=false) is a cancel, not a consumer that walked away."""
+    if exc is None or isinstance(exc, GeneratorExit):
+        return Ending.CLOSED_EARLY
+    if isinstance(exc, asyncio.CancelledError):
+        return Ending.RAISED_CANCELLED
+    return Ending.RAISED if isinstance(exc, Exception) else Ending.RAISED_BASE
 
 
 _RAISED = frozenset({Ending.RAISED, Ending.RAISED_CANCELLED, Ending.RAISED_BASE})

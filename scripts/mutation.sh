@@ -16,7 +16,7 @@ workers=${WORKERS:-$(( 2 * $(nproc) ))}
 modules=("$@")
 [ ${#modules[@]} -gt 0 ] || modules=(eventguard/decision.py eventguard/lifecycle.py eventguard/guard/core.py
   eventguard/guard/referee.py eventguard/guard/watchdog.py eventguard/guard/owner.py eventguard/guard/host.py
-  eventguard/guard/options.py)
+  eventguard/guard/options.py eventguard/guard/flush.py eventguard/guard/loop.py)
 work=$(mktemp -d /tmp/eventguard-mutation.XXXXXX)
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT

@@ -9,6 +9,8 @@
 - ``host``: the host adapter, the only reader of the host's context (flags at a moment, waiting for
   a cause, what the host says about the response, whether a run can be recovered).
 - ``options``: :class:`GuardOptions`, the one frozen options object.
+- ``flush``: the final flush to the recorder, shielded and bounded in time.
+- ``loop``: the event loop a guard is bound to (built in, iterated in).
 
 Every policy lives in ``eventguard.decision``.
 """

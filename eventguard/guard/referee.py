@@ -30,7 +30,7 @@ from eventguard.events import (
 from eventguard.guard.host import Host
 from eventguard.guard.options import GuardOptions
 from eventguard.guard.watchdog import STUCK_MESSAGE, Watchdog
-from eventguard.lifecycle import AnomalyKind, Lifecycle, State
+from eventguard.lifecycle import AnomalyKind, ErrorInfo, Lifecycle, State
 from eventguard.recording import Recorder
 
 __all__ = ["DROP", "Referee"]
@@ -420,6 +420,49 @@ class Referee:
         elif self.rec is not None:
             self.rec.changed()
 
+    # -- endings: what the guard core asks when the inner stream, the consumer or the watchdog ends it --
+
+    def finished(self) -> None:
+        """The guard is ending: the terminal's decision settled, every event on the slow path, the
+        count of forwarded events on the lifecycle."""
+        self.settle()
+        self.go_slow()
+        self.lifecycle.events_forwarded = self.n
+
+    def ended_by(self, ending: Ending) -> None:
+        """The guard ended by ``ending`` (the consumer closed it, a cancel reached it) before the
+        inner stream ended: the ending decided, unless the lifecycle has one already."""
+        self.settle()
+        if not self.lifecycle.ended:
+            self.apply(decide(ending, self.flags(), self.options))
+
+    def stream_ended(self) -> Any:
+        """The inner stream returned: the terminal to forward in its place, if any (or DROP)."""
+        self.settle()
+        if self.own_ending is not None:
+            return self.own_terminal()
+        if not self.terminal_seen and not self.lifecycle.terminal:
+            return self.end_with(decide(Ending.NO_TERMINAL, self.flags(), self.options))
+        return DROP
+
+    def stuck(self) -> Any:
+        """Our stuck-stream cancel reached the guard and was taken back: the terminal to forward."""
+        self.settle()
+        self.anomaly(AnomalyKind.STUCK, STUCK_MESSAGE)
+        if not self.terminal_seen and not self.lifecycle.terminal:
+            return self.end_with(decide(Ending.STUCK, self.flags(), self.options))
+        return DROP
+
+    def raised(self, exc: BaseException, ending: Ending) -> None:
+        """The inner stream (or the guard itself) raised ``exc``, which ends the stream by ``ending``:
+        the error noted and the ending decided, unless the guard's own ending or a terminal stands."""
+        self.settle()
+        lc = self.lifecycle
+        if self.own_ending is None and (not lc.ended or lc.state is State.INTERRUPTED):
+            decision = decide(ending, self.flags(), self.options)
+            lc.error = ErrorInfo(code=None, message=_short(str(exc)), exception_type=_qualname(type(exc)))
+            self.apply(decision)
+
     def own(self, decision: Decision) -> None:
         """Record an ending the guard reached on its own, while the inner stream still runs: final.
 
@@ -429,3 +472,11 @@ class Referee:
         self.apply(decision)
         self.own_ending = decision
         self.go_slow()
+
+
+def _qualname(cls: type[BaseException]) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _short(text: str, limit: int = 500) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
