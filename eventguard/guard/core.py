@@ -171,7 +171,7 @@ class _Core:
         #: The stuck-stream watchdog: its task, and the books of the cancel it may send (watchdog.py).
         self._watchdog = Watchdog()
         #: The I/O-free referee: lifecycle events, terminals, anomalies, decisions (referee.py).
-        self._ref = Referee(self.lifecycle, self._rec, options, host, self._watchdog)
+        self._ref = Referee(self.lifecycle, self._rec, options, host)
         #: How the consumer is closing the guard while its generator unwinds (see _end_closed).
         self._closing: Ending | None = None
 
@@ -210,7 +210,7 @@ class _Core:
         # Plain str types already seen to need nothing but forwarding; emptied (Referee.go_slow) once
         # every event must take the slow path: after the terminal, or when the guard is ending.
         ref = self._ref
-        slow = ref.event
+        slow = self._slow
         hot = ref.hot
         n = ref.n
         phase = 0
@@ -228,8 +228,8 @@ class _Core:
                     ref.n = n
                     out = slow(event)
                     n = ref.n
-                    if ref.stop_after:
-                        if ref.abandon_inner:
+                    if ref.stage.stops:
+                        if ref.stage.closes_in_background:
                             self._inner.close_in_background()
                         await self._finish()  # the inner stream's close is already under way
                         final = out
@@ -270,6 +270,16 @@ class _Core:
             ref.n = max(ref.n, n)
         if final is not DROP:
             yield final
+
+    def _slow(self, event: Any) -> Any:
+        """An event off the hot path, to the referee; what to forward (or DROP)."""
+        watchdog = self._watchdog
+        if watchdog.cancel_pending:
+            # The inner stream swallowed the watchdog's stuck-stream cancel and produced an event:
+            # give its task back the cancel count it had (the watchdog's books); the referee decides.
+            watchdog.give_back()
+            return self._ref.swallowed_cancel(event)
+        return self._ref.event(event)
 
     def _check_loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, which must be the one the guard (and its recorder) was built in."""
