@@ -22,8 +22,14 @@ import pytest
 from eventguard import Cause, Guard, GuardAlreadyUsed, InvalidEvent, Lifecycle, State, guard
 from eventguard.guard import GuardOptions
 from eventguard.guard.referee import Referee
-
-from .scripted import Scripted, block_ignoring_signal, event, make_context, stream_events, terminal
+from eventguard.testing.streams import (
+    Scripted,
+    block_ignoring_signal,
+    event,
+    host_context,
+    stream_events,
+    terminal,
+)
 
 
 class OwningIterable:
@@ -410,7 +416,7 @@ async def test_a_failed_terminal_records_its_error() -> None:
 
 @pytest.mark.parametrize("client_cancelled", [False, True])
 async def test_a_cancel_the_host_did_not_ask_for_is_explained(client_cancelled: bool) -> None:
-    ctx = make_context()
+    ctx = host_context()
     ctx.client_cancelled = client_cancelled
     sig = asyncio.Event()
     if client_cancelled:
@@ -424,7 +430,7 @@ async def test_a_cancel_the_host_did_not_ask_for_is_explained(client_cancelled: 
 
 
 async def test_a_synthesised_terminal_carries_no_empty_fields_and_says_why() -> None:
-    ctx = make_context()
+    ctx = host_context()
     events = stream_events(1)
     g = guard(Scripted(events, before={len(events) - 1: ctx.shutdown.set}), asyncio.Event(), context=ctx)
     out = await drain(g)
@@ -439,7 +445,7 @@ async def test_a_synthesised_terminal_carries_no_empty_fields_and_says_why() -> 
 async def test_an_ending_without_a_terminal_for_a_known_cause_is_not_a_missing_terminal(
     flag: str, cause: Cause
 ) -> None:
-    ctx = make_context(background=False)
+    ctx = host_context(background=False)
     sig = asyncio.Event()
 
     def fire() -> None:
@@ -500,7 +506,7 @@ async def test_a_consumer_that_breaks_after_a_delta_closed_early_not_errored() -
 
 
 async def test_shutdown_alone_arms_the_watchdog_when_the_host_stops_iterating() -> None:
-    ctx = make_context(background=False)
+    ctx = host_context(background=False)
     g = guard(Scripted(stream_events(3)), asyncio.Event(), context=ctx, cancel_grace=0.05)
     async with asyncio.timeout(5):
         it = aiter(g)
@@ -514,7 +520,7 @@ async def test_shutdown_alone_arms_the_watchdog_when_the_host_stops_iterating() 
 
 async def test_steering_alone_is_never_an_abandonment() -> None:
     sig = asyncio.Event()
-    g = guard(Scripted(stream_events(3)), sig, context=make_context(), cancel_grace=0.05)
+    g = guard(Scripted(stream_events(3)), sig, context=host_context(), cancel_grace=0.05)
     async with asyncio.timeout(5):
         it = aiter(g)
         await anext(it)
@@ -529,7 +535,7 @@ async def test_steering_alone_is_never_an_abandonment() -> None:
 
 @pytest.mark.parametrize("strict", [False, True])
 async def test_a_stream_resumed_after_its_abandonment_was_recorded_gets_nothing_more(strict: bool) -> None:
-    ctx = make_context(background=False)
+    ctx = host_context(background=False)
     sig = asyncio.Event()
     g = guard(
         Scripted(stream_events(3, final=None)),
@@ -583,7 +589,7 @@ async def test_a_signal_that_is_not_an_event_is_polled_and_waited_for() -> None:
 async def test_the_watchdog_leaves_no_waiters_behind() -> None:
     await asyncio.sleep(0)
     before = len(asyncio.all_tasks())
-    ctx = make_context()
+    ctx = host_context()
     slow = Scripted(stream_events(2), before={2: lambda: asyncio.sleep(0.02)})  # the watchdog is waiting
     g = guard(slow, asyncio.Event(), context=ctx, cancel_grace=5.0)
     await drain(g)
@@ -593,7 +599,7 @@ async def test_the_watchdog_leaves_no_waiters_behind() -> None:
 
 
 async def test_a_stream_stuck_after_its_terminal_keeps_that_terminal() -> None:
-    ctx = make_context()
+    ctx = host_context()
     sig = asyncio.Event()
     events = stream_events(2)
     inner = Scripted(
@@ -727,7 +733,7 @@ async def test_nested_async_with_is_refused() -> None:
 
 
 async def test_the_hosts_response_id_is_kept_over_the_streams() -> None:
-    ctx = make_context()
+    ctx = host_context()
     ctx.response_id = "resp_from_host"
     g = guard(Scripted(stream_events(1)), asyncio.Event(), context=ctx)
     await drain(g)
@@ -742,7 +748,7 @@ async def test_a_missing_terminal_is_synthesised_without_empty_fields() -> None:
 
 
 async def test_a_recovered_run_that_raises_at_once_is_failed_with_its_error() -> None:
-    ctx = make_context()
+    ctx = host_context()
     ctx.is_recovery = True
 
     async def raises() -> AsyncIterator[Any]:
@@ -779,7 +785,7 @@ async def test_strict_mode_raises_on_the_rest_of_the_bad_input_the_readme_lists(
 
 async def test_strict_mode_does_not_raise_for_a_withheld_terminal() -> None:
     # A withheld terminal is the guard's decision, not bad input.
-    ctx = make_context()
+    ctx = host_context()
     sig = asyncio.Event()
     events = stream_events(1)
 
@@ -798,7 +804,7 @@ async def test_a_process_shutdown_flag_that_is_not_set_changes_nothing() -> None
     g = guard(
         Scripted(stream_events(3), before={3: block_ignoring_signal}),
         asyncio.Event(),
-        context=make_context(),
+        context=host_context(),
         process_shutdown=threading.Event(),
     )
     task = asyncio.create_task(drain(g))
@@ -810,7 +816,7 @@ async def test_a_process_shutdown_flag_that_is_not_set_changes_nothing() -> None
 
 
 async def test_a_lifecycle_event_after_the_recorded_ending_is_not_forwarded_nor_applied() -> None:
-    ctx = make_context(background=False)
+    ctx = host_context(background=False)
     sig = asyncio.Event()
     events = stream_events(1)
     events.insert(1, event("response.queued"))

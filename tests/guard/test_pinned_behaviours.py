@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 
 from eventguard import Cause, State, guard
-
-from .scripted import Scripted, event, make_context, stream_events, terminal
+from eventguard.testing.streams import Scripted, event, host_context, stream_events, terminal
 
 BOUND = 5.0
 GRACE = 0.05
@@ -57,7 +56,7 @@ async def drain(g: Any) -> list[Any]:
 
 @pytest.mark.parametrize("kind", list(SHUTDOWN_FLAGS))
 async def test_a_completion_under_a_shutdown_flag_of_any_kind_is_replaced(kind: str) -> None:
-    ctx = make_context()
+    ctx = host_context()
     ctx.shutdown = SHUTDOWN_FLAGS[kind]()
     events = stream_events(2)
     g = guard(Scripted(events, before={len(events) - 1: ctx.shutdown.set}), asyncio.Event(), context=ctx)
@@ -69,7 +68,7 @@ async def test_a_completion_under_a_shutdown_flag_of_any_kind_is_replaced(kind: 
 
 @pytest.mark.parametrize("kind", list(SHUTDOWN_FLAGS))
 async def test_a_shutdown_flag_of_any_kind_wakes_the_watchdog_for_a_stuck_stream(kind: str) -> None:
-    ctx = make_context(background=False)
+    ctx = host_context(background=False)
     ctx.shutdown = SHUTDOWN_FLAGS[kind]()
 
     async def inner() -> AsyncIterator[Any]:
@@ -120,7 +119,7 @@ async def test_the_watchdog_does_not_wake_up_while_nothing_is_signalled(
         await release.wait()
         yield terminal()
 
-    ctx = make_context() if with_shutdown else None
+    ctx = host_context() if with_shutdown else None
     g = guard(inner(), asyncio.Event(), context=ctx, cancel_grace=GRACE)
     async with asyncio.timeout(BOUND), g:
         assert await g.__anext__() is CREATED
@@ -143,7 +142,7 @@ async def test_a_flag_that_cannot_be_awaited_is_polled_gently(monkeypatch: pytes
         await release.wait()
         yield terminal()
 
-    ctx = make_context()
+    ctx = host_context()
     ctx.shutdown = threading.Event()
     g = guard(inner(), asyncio.Event(), context=ctx, cancel_grace=GRACE)
     async with asyncio.timeout(BOUND), g:
@@ -192,7 +191,7 @@ def stuck_inner(behaviour: str) -> Any:
 )
 @pytest.mark.parametrize("cause", ["steering", "client cancel", "shutdown"])
 async def test_a_stuck_run_has_exactly_one_stuck_anomaly(behaviour: str, cause: str) -> None:
-    signal, ctx = asyncio.Event(), make_context()
+    signal, ctx = asyncio.Event(), host_context()
     g = guard(stuck_inner(behaviour), signal, context=ctx, cancel_grace=GRACE)
     async with asyncio.timeout(BOUND):
         task = asyncio.create_task(drain(g))
@@ -214,7 +213,7 @@ async def test_a_stuck_run_has_exactly_one_stuck_anomaly(behaviour: str, cause: 
 
 @pytest.mark.parametrize("twice", [False, True], ids=["one terminal", "a duplicate terminal"])
 async def test_a_recovered_run_has_one_terminal(twice: bool) -> None:
-    ctx = make_context()
+    ctx = host_context()
     ctx.is_recovery = True
     events = stream_events(2)  # the recovered attempt replays created and in_progress
     if twice:
@@ -247,7 +246,7 @@ async def test_a_recovered_run_has_one_terminal(twice: bool) -> None:
 async def test_the_ending_after_a_forwarded_terminal_when_the_host_then_pauses(
     during_pause: str, while_paused: State, state: State, cause: Cause
 ) -> None:
-    signal, ctx = asyncio.Event(), make_context()
+    signal, ctx = asyncio.Event(), host_context()
     events = stream_events(1)
     g = guard(Scripted(events), signal, context=ctx, cancel_grace=GRACE)
     async with asyncio.timeout(BOUND):

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from eventguard import State, guard
-
-from .scripted import Scripted, block_ignoring_signal, make_context, stream_events
+from eventguard.testing.streams import Scripted, block_ignoring_signal, host_context, stream_events
 
 CREATED = {"type": "response.created", "response": {"id": "r1", "status": "in_progress"}}
 
@@ -39,7 +38,7 @@ async def test_outside_cancel_in_the_same_turn_as_the_watchdog_is_not_swallowed(
 
 async def test_aclose_from_another_task_mid_step_is_refused_and_changes_nothing() -> None:
     inner = Scripted(stream_events(1), before={2: lambda: asyncio.sleep(0.1)})
-    g = guard(inner, asyncio.Event(), context=make_context())
+    g = guard(inner, asyncio.Event(), context=host_context())
     out: list[Any] = []
 
     async def consume() -> None:
@@ -92,7 +91,7 @@ async def test_inner_that_swallows_the_cancel_and_waits_again_is_recorded_and_ca
 async def test_cancel_thrown_into_the_async_with_body_is_a_cancel() -> None:
     # A foreground disconnect with store=false throws CancelledError into the host's handler at
     # its yield: the guard's async with exits with it, and records a cancel, not a walk-away.
-    g = guard(Scripted(stream_events(3)), asyncio.Event(), context=make_context())
+    g = guard(Scripted(stream_events(3)), asyncio.Event(), context=host_context())
 
     async def handler() -> Any:
         async with g as events:
