@@ -15,7 +15,7 @@ bin="$(dirname "$py")"
 workers=${WORKERS:-$(( 2 * $(nproc) ))}
 modules=("$@")
 [ ${#modules[@]} -gt 0 ] || modules=(eventguard/decision.py eventguard/lifecycle.py eventguard/guard/core.py
-  eventguard/guard/referee.py eventguard/guard/watchdog.py eventguard/guard/owner.py eventguard/guard/host.py
+  eventguard/guard/referee.py eventguard/guard/watchdog.py eventguard/guard/inner.py eventguard/guard/host.py
   eventguard/guard/options.py eventguard/guard/flush.py eventguard/guard/loop.py)
 work=$(mktemp -d /tmp/eventguard-mutation.XXXXXX)
 pids=()

@@ -3,7 +3,8 @@
 - ``core``: :func:`guard`; :class:`Guard`, the facade (its protocols), over the core that the hot
   loop's generator holds (the parts, the hot loop, the ending); :class:`~eventguard.guard.core.Phase`.
 - ``referee``: the I/O-free core: lifecycle events, terminals, anomalies (one path), synthesised terminals.
-- ``owner``: the owner of the inner stream (closed once, in the call or in the background).
+- ``inner``: the inner stream, closed once (in the call or in the background), and the background
+  work a guard leaves behind, kept alive until it ends.
 - ``watchdog``: its task, the search for the task inside the guard's step, the stuck-stream cancel and
   its take-back.
 - ``host``: the host adapter, the only reader of the host's context (flags at a moment, waiting for

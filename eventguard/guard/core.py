@@ -1,6 +1,6 @@
 """The guard: an async-iterator combinator that decides a response stream's terminal by its cause.
 
-Ownership, as in aiostream's ``streamcontext`` and asyncstdlib: the guard owns the inner stream from
+The inner stream, as in aiostream's ``streamcontext`` and asyncstdlib: the guard answers for it from
 the moment it is built. It closes it exactly once, on every exit path, in the call that ends the
 guard (never later, from the garbage collector). A guard its consumer drops without closing it
 (``break`` out of ``async for`` without ``async with``) is finalised like an async generator: the
@@ -36,9 +36,9 @@ from eventguard.decision import Ending, exit_ending
 from eventguard.errors import GuardAlreadyUsed, GuardOutsideLoop, NotAsyncIterable
 from eventguard.guard.flush import flush
 from eventguard.guard.host import CancellationSignal, Host, info_from_context
+from eventguard.guard.inner import InnerStream
 from eventguard.guard.loop import bound_loop, check_loop
 from eventguard.guard.options import GuardOptions
-from eventguard.guard.owner import InnerStream
 from eventguard.guard.referee import DROP, Referee
 from eventguard.guard.watchdog import Watchdog
 from eventguard.lifecycle import Lifecycle, ResponseInfo
@@ -153,7 +153,7 @@ class _Core:
         options.check()
         #: The loop the guard was built in (None outside one: allowed without a sink; see loop.py).
         self._loop = bound_loop(has_sink=sink is not None)
-        #: The inner stream, owned: closed exactly once (see owner.py).
+        #: The inner stream, owned: closed exactly once (see inner.py).
         self._inner = InnerStream(stream, aiter_())
         #: The only reader of the host's context and signals (see host.py).
         self._host = host = Host(cancellation_signal, context, process_shutdown)
@@ -287,7 +287,7 @@ class _Core:
             return check_loop(self._loop, has_sink=self._rec is not None)
         except GuardOutsideLoop:
             # Nothing can be recorded or watched from here: the guard is over before it began, and a
-            # later close is a no-op. The inner stream was never pulled; it is left to its owner, as
+            # later close is a no-op. The inner stream was never pulled; it is left to whoever made it, as
             # when guard() refuses a stream that is not async iterable.
             self._phase = Phase.FINISHED
             self._ref.go_slow()

@@ -2,7 +2,7 @@
 
 Shielded, so that the terminal write survives the cancellation of the task running the guard;
 bounded, so that a database that hangs cannot hang the host: after ``within`` seconds the guard goes on and
-the write goes on in the background (kept alive by :func:`~eventguard.guard.owner.spawn`).
+the write goes on in the background (kept alive by :func:`~eventguard.guard.inner.spawn`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from eventguard.guard.owner import spawn
+from eventguard.guard.inner import spawn
 from eventguard.recording import Recorder
 
 __all__ = ["flush"]

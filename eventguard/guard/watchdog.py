@@ -36,7 +36,7 @@ from enum import Enum
 from types import AsyncGeneratorType, CoroutineType, GeneratorType
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from eventguard.guard.owner import keep
+from eventguard.guard.inner import keep
 from eventguard.guard.referee import STUCK_MESSAGE
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ class Watchdog:
     def start(self, loop: asyncio.AbstractEventLoop, guard: Watched, host: Host, grace: float) -> None:
         """Start watching, from the guard's first step (the current task is where it looks first)."""
         self.first_task = asyncio.current_task()
-        # The watchdog task is kept alive (owner.keep) until it ends, so that it is never collected
+        # The watchdog task is kept alive (inner.keep) until it ends, so that it is never collected
         # pending along with a dropped guard and the signal it waits on.
         self.task = task = loop.create_task(Watchdog._watch(weakref.ref(guard), host, grace))
         keep(task)
