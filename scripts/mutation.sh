@@ -7,11 +7,15 @@
 # (scripts/cr_skip_annotations.py); docs/mutation.md counts them as equivalent.
 # Usage: bash scripts/mutation.sh [module.py ...]
 #   (default: eventguard/decision.py eventguard/lifecycle.py and the modules of eventguard/guard/)
+# PYTHON: the interpreter that runs the tests (default .venv-newest's); CR_BIN: the bin directory that
+# holds cosmic-ray (default: PYTHON's own, where it is installed if missing). A separate CR_BIN keeps
+# cosmic-ray's own dependencies out of the project's environment. TIMEOUT: seconds per mutant (default
+# 30); cosmic-ray counts a timeout as a kill, so keep it well above the baseline's time, which is printed.
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 py=${PYTHON:-$src/.venv-newest/bin/python}
-bin="$(dirname "$py")"
-[ -x "$bin/cosmic-ray" ] || "$py" -m pip install -q cosmic-ray
+bin=${CR_BIN:-$(dirname "$py")}
+[ -x "$bin/cosmic-ray" ] || "$bin/python" -m pip install -q cosmic-ray
 workers=${WORKERS:-$(( 2 * $(nproc) ))}
 modules=("$@")
 [ ${#modules[@]} -gt 0 ] || modules=(eventguard/decision.py eventguard/lifecycle.py eventguard/guard/core.py
@@ -52,7 +56,7 @@ tests/guard/test_watchdog.py tests/guard/test_endings.py tests/guard/test_bad_in
   cat > "cr-$name.toml" <<TOML
 [cosmic-ray]
 module-path = "$module"
-timeout = 30.0
+timeout = ${TIMEOUT:-30}.0
 excluded-modules = []
 test-command = "bash -c '$killers'"
 
@@ -63,10 +67,12 @@ name = "http"
 worker-urls = [$(IFS=,; echo "${urls[*]}")]
 TOML
   "$bin/cosmic-ray" init "cr-$name.toml" "cr-$name.sqlite" --force
-  "$py" "$src/scripts/cr_skip_annotations.py" "cr-$name.sqlite"
+  "$bin/python" "$src/scripts/cr_skip_annotations.py" "cr-$name.sqlite"
   # The unmutated tree must pass, or every mutant would count as killed.
+  started=$(date +%s)
   (cd "$work/w1" && bash -c "$killers" > /dev/null) \
     || { echo "baseline failed for $module"; status=1; continue; }
+  echo "=== $module: baseline (every killer, unmutated) $(( $(date +%s) - started ))s; timeout ${TIMEOUT:-30}s"
   started=$(date +%s)
   "$bin/cosmic-ray" exec "cr-$name.toml" "cr-$name.sqlite"
   echo "=== $module: $(( $(date +%s) - started ))s with $workers workers"
