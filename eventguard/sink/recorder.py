@@ -6,7 +6,7 @@ guard runs in the same event loop and cannot interleave). The events themselves 
 later, a chunk at a time (:meth:`encode_some`): forwarded events are never mutated, so a
 reference taken now serialises the same later.
 
-Every string a row carries is made storable here, at the boundary (:mod:`eventguard.sink.storable`):
+Every string a row carries is made storable here, at the boundary (:mod:`eventguard.sql.storable`):
 ids by one mapping computed once per recorder, free text escaped reversibly, event types escaped
 and bounded, payloads cleaned by :func:`encode`; each change is a ``sink`` anomaly that says what
 was changed and how.
@@ -23,11 +23,11 @@ import orjson
 from sqlalchemy import Column, String
 
 from eventguard.lifecycle import AnomalyKind, Lifecycle
-from eventguard.sink import storable
 from eventguard.sink.batch import Batch
 from eventguard.sink.serialise import JSON_OPTIONS, NUL, encode
-from eventguard.sink.storable import Fix, nulls_hide_non_finite
+from eventguard.sql import storable
 from eventguard.sql.engine import PreSerialised
+from eventguard.sql.storable import Fix, nulls_hide_non_finite
 from eventguard.sql.tables import TERMINAL, TYPE_LENGTH, anomalies, responses
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from eventguard import guard
 from eventguard.lifecycle import AnomalyKind, Cause, Lifecycle, ResponseInfo, State
 from eventguard.records import History
 from eventguard.sink import SqlSink
-from eventguard.sink.storable import REPLACEMENT, unescape
+from eventguard.sql.storable import REPLACEMENT, unescape
 from eventguard.sql.tables import responses
 from eventguard.store import ResponseStore
 
