@@ -71,6 +71,7 @@ from eventguard.lifecycle import AnomalyKind
 from eventguard.sink import quarantine
 from eventguard.sink.batch import Batch
 from eventguard.sink.serialise import encode_value
+from eventguard.sql.classify import reason
 from eventguard.sql.engine import PreSerialised
 from eventguard.sql.tables import TERMINAL, anomalies, events, responses, sql_list, transitions
 
@@ -698,3 +699,33 @@ def _refusal_anomaly(batch: Batch, refusal: Refusal, refused: list[dict[str, Any
         "event_index": None,
         "payload": encode_value(refused) if refused else None,
     }
+
+
+# -- what applying came to, across writes ------------------------------------------------------------
+@dataclass(slots=True)
+class Tally:
+    """What applying batches came to, summed over writes (a cycle, a replay)."""
+
+    batches: int = 0
+    events: int = 0
+    quarantined: int = 0
+    #: Spool entries that could not be read (a replay's).
+    bad: int = 0
+    refusals: list[Refusal] = field(default_factory=list)
+
+    def add(self, other: Tally) -> None:
+        """Add ``other``'s counts to these."""
+        self.batches += other.batches
+        self.events += other.events
+        self.quarantined += other.quarantined
+        self.bad += other.bad
+        self.refusals.extend(other.refusals)
+
+
+class Stopped(Exception):
+    """An outage stopped a write: ``batches`` are not known to be written; ``cause`` is why."""
+
+    def __init__(self, cause: BaseException, batches: list[Batch]) -> None:
+        super().__init__(reason(cause))
+        self.cause = cause
+        self.batches = batches

@@ -186,7 +186,7 @@ async def test_a_spooled_batch_without_a_stream_counts_as_the_rows_own(target: T
         lc.transition(State.IN_PROGRESS)
         rec.changed()
         await sink.flush()
-        other = SqlRecorder(sink, lc)  # another recorder: another stream id, same lifecycle
+        other = SqlRecorder(sink.writer, lc)  # another recorder: another stream id, same lifecycle
         other.event(0, "response.output_text.delta", {"type": "response.output_text.delta", "delta": "x"})
         lc.transition(State.COMPLETED)
         batch = other.collect()

@@ -214,7 +214,7 @@ async def test_replay_quarantines_a_refused_batch_and_loads_the_rest(
             from eventguard.lifecycle import Lifecycle, ResponseInfo, State
 
             lc = Lifecycle(info=ResponseInfo(response_id=rid))
-            rec = SqlRecorder(sink, lc)
+            rec = SqlRecorder(sink.writer, lc)
             lc.transition(State.IN_PROGRESS)
             for i in range(3):
                 rec.event(i, "response.output_text.delta", delta(i))

@@ -111,7 +111,7 @@ async def test_replaying_twice_is_harmless(target: Target) -> None:
         lc = Lifecycle(info=ResponseInfo(response_id="resp_twice"))
         from eventguard.sink.recorder import SqlRecorder
 
-        rec = SqlRecorder(sink, lc)
+        rec = SqlRecorder(sink.writer, lc)
         for i, ev in enumerate(evs):
             rec.event(i, ev["type"], ev)
         batch = rec.collect()
@@ -294,7 +294,7 @@ async def test_a_lone_surrogate_is_spooled_not_lost(
     caplog.set_level(logging.ERROR, logger="eventguard.sink")
     batch = make_batch("resp_\udcff", text="undecodable \udcff byte")
     sink = SqlSink(sqlite_target.url, spool_path=sqlite_target.spool)
-    sink._to_spool([batch], None)
+    sink.writer.to_spool([batch], None)
     assert sink.stats.batches_spooled == 1
     assert "lost" not in caplog.text
     (file,) = sink.spool.take()

@@ -238,7 +238,7 @@ def test_a_recorders_batch_round_trips(tmp_path: Path) -> None:
 
     sink = SqlSink(f"sqlite+aiosqlite:///{tmp_path / 'unused.db'}", spool_path=tmp_path / "spool.jsonl")
     lc = Lifecycle(info=ResponseInfo(response_id="resp_rec"))
-    rec = SqlRecorder(sink, lc)
+    rec = SqlRecorder(sink.writer, lc)
     lc.transition(State.IN_PROGRESS, reason="started \udcff")
     rec.event(0, "response.created", {"type": "response.created", "text": "\x00 nul"})
     rec.event(1, "odd", object())  # not a mapping: stored as a stand-in, with a sink anomaly

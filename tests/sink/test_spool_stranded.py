@@ -21,7 +21,8 @@ from sqlalchemy import func, select
 
 from eventguard.lifecycle import Lifecycle, ResponseInfo, State
 from eventguard.sink import SqlSink, quarantine
-from eventguard.sink import sink as sinkmod
+from eventguard.sink import replay as replaymod
+from eventguard.sink.apply import Stopped
 from eventguard.sink.batch import Batch
 from eventguard.sink.spool import Spool
 from eventguard.sql.tables import events, responses
@@ -56,29 +57,29 @@ async def test_a_replay_an_outage_stopped_goes_on_when_writes_succeed_again(targ
     async with asyncio.timeout(60):
         sink = make_sink(target, flush_interval=0.01)
         await sink.start()
-        persist = sink._persist
+        persist = sink.writer.persist
 
         async def spool_all(batches: list[Batch]) -> None:
-            sink._to_spool(batches, None)  # as an overflow, or an outage, would leave them
+            sink.writer.to_spool(batches, None)  # as an overflow, or an outage, would leave them
 
-        sink._persist = spool_all  # type: ignore[method-assign]
+        sink.writer.persist = spool_all  # type: ignore[method-assign]
         await run_guarded(sink, script("resp_spooled", n_deltas=3))
-        sink._persist = persist  # type: ignore[method-assign]
+        sink.writer.persist = persist  # type: ignore[method-assign]
         assert sink.spool.pending()
 
-        apply = sink._apply
+        apply = sink.writer.apply
         calls = 0
 
         async def locked_once(batches: list[Batch], tally: Any) -> None:
             nonlocal calls
             calls += 1
             if calls == 1:  # the background replay meets an outage-class error
-                raise sinkmod._Stopped(sqlite3.OperationalError("database is locked"), list(batches))
+                raise Stopped(sqlite3.OperationalError("database is locked"), list(batches))
             await apply(batches, tally)
 
-        sink._apply = locked_once  # type: ignore[method-assign]
-        sink._replay_soon()
-        st = sink._live
+        sink.writer.apply = locked_once  # type: ignore[method-assign]
+        sink.writer.replayer.soon()
+        st = sink.writer.loops.live
         assert st is not None and st.replay is not None
         await asyncio.wait([st.replay])
         assert sink.spool.pending()
@@ -146,7 +147,7 @@ async def test_a_replay_lets_the_streams_run_every_few_records(
 ) -> None:
     ticks = 0
     seen: list[int] = []
-    records = sinkmod._records
+    records = replaymod.entries
 
     def counted(file: Any, tally: Any) -> Iterator[Any]:
         for record in records(file, tally):
@@ -159,7 +160,7 @@ async def test_a_replay_lets_the_streams_run_every_few_records(
             ticks += 1
             await asyncio.sleep(0)
 
-    monkeypatch.setattr(sinkmod, "_records", counted)
+    monkeypatch.setattr(replaymod, "entries", counted)
     sink = make_sink(sqlite_target)
     async with asyncio.timeout(60):
         await sink.migrate()

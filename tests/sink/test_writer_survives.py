@@ -19,6 +19,7 @@ from eventguard.sink import SqlSink, quarantine
 from eventguard.sink.batch import Batch
 from eventguard.sink.recorder import SqlRecorder
 from eventguard.sink.spool import Spool
+from eventguard.sink.writer import Writer
 from eventguard.sql.tables import events, responses
 
 from .conftest import Target
@@ -182,19 +183,19 @@ async def test_an_unexpected_error_in_a_write_cycle_is_logged_once_and_the_write
 ) -> None:
     # The last line of defence: whatever escapes a cycle (a bug) must not end the writer task.
     caplog.set_level(logging.DEBUG, logger="eventguard.sink")
-    cycle = SqlSink._cycle
+    cycle = Writer.cycle
     failures = 3
 
-    async def flaky(self: SqlSink, recorders: Any) -> None:
+    async def flaky(self: Writer, recorders: Any) -> None:
         nonlocal failures
         if failures:
             failures -= 1
             for rec in recorders:
-                self._enqueue(rec)  # nothing was taken: the next cycle has it all
+                self.note_change(rec)  # nothing was taken: the next cycle has it all
             raise RuntimeError("a bug in a write cycle")
         await cycle(self, recorders)
 
-    monkeypatch.setattr(SqlSink, "_cycle", flaky)
+    monkeypatch.setattr(Writer, "cycle", flaky)
     evs = script("resp_cycle", n_deltas=5)
     async with asyncio.timeout(60):
         sink = make_sink(target, flush_interval=0.01)
