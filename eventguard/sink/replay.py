@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,20 +24,18 @@ from typing import Any, Protocol
 from eventguard.sink import quarantine
 from eventguard.sink.apply import Refusal, Stopped, Tally
 from eventguard.sink.batch import Batch
+from eventguard.sink.commit import REPLAYING, Committer
 from eventguard.sink.loops import Loops, LoopState
 from eventguard.sink.quarantine import QuarantineRecord
 from eventguard.sink.report import Reporter, log
 from eventguard.sink.spool import Spool
 
-__all__ = ["REPLAYING", "REPLAY_CHUNK", "ReplayResult", "ReplayTarget", "Replayer", "entries"]
+__all__ = ["REPLAY_CHUNK", "ReplayResult", "ReplayTarget", "Replayer", "entries"]
 
 #: Batches per transaction when replaying the spool.
 REPLAY_CHUNK = 200
 #: Spool entries read (and parsed) between two turns of the event loop while replaying.
 _REPLAY_YIELD = 4
-#: Set while this task replays the spool: a quarantine record already there is not inserted
-#: again (a file an outage stopped is replayed again from its start).
-REPLAYING: contextvars.ContextVar[bool] = contextvars.ContextVar("eventguard_replaying", default=False)
 #: The least time between two replays started by successful writes, when a replay left files.
 _REPLAY_RETRY = 1.0
 #: After a replay an error stopped, the next waits this long, doubling up to the maximum.
@@ -62,7 +59,7 @@ class ReplayResult:
 
 
 class ReplayTarget(Protocol):
-    """What a replay asks of the writer it loads batches through (:class:`~eventguard.sink.writer.Writer`)."""
+    """What a replay asks of the writer whose spool it loads (:class:`~eventguard.sink.writer.Writer`)."""
 
     @property
     def spool(self) -> Spool: ...
@@ -72,19 +69,18 @@ class ReplayTarget(Protocol):
     def report(self) -> Reporter: ...
 
     async def ensure_ready(self, *, replay: bool = True) -> None: ...
-    async def apply(self, batches: list[Batch], tally: Tally) -> None: ...
     def recovered(self) -> None: ...
-    async def quarantine(
-        self, records: list[QuarantineRecord], *, note: tuple[Batch, str] | None = None
-    ) -> int: ...
 
 
 class Replayer:
-    """Replays one sink's spool through ``target``, on the loops of ``loops``; ``name``: the
-    sink's name, for its task."""
+    """Replays one sink's spool: ``target`` is the writer, ``committer`` writes the batches, on
+    the loops of ``loops``; ``name``: the sink's name, for its task."""
 
-    def __init__(self, target: ReplayTarget, loops: Loops, name: Callable[[], str]) -> None:
+    def __init__(
+        self, target: ReplayTarget, committer: Committer, loops: Loops, name: Callable[[], str]
+    ) -> None:
         self._target = target
+        self._committer = committer
         self._loops = loops
         self._name = name
         #: Set whenever something is spooled: the next successful write replays the spool.
@@ -225,18 +221,18 @@ class Replayer:
             tally.bad += 1
             bad.append(_bad_entry(entry))
             if len(bad) >= REPLAY_CHUNK:
-                tally.quarantined += await self._target.quarantine(bad)
+                tally.quarantined += await self._committer.quarantine(bad)
                 bad = []
         if chunk:
             await self._chunk(st, chunk, tally)
         if bad:
-            tally.quarantined += await self._target.quarantine(bad)
+            tally.quarantined += await self._committer.quarantine(bad)
 
     async def _chunk(self, st: LoopState, chunk: list[Batch], tally: Tally) -> None:
         target = self._target
         async with st.lock:  # taken per chunk: new writes go in between
             try:
-                await target.apply(chunk, tally)
+                await self._committer.apply(chunk, tally)
             except Stopped as stop:
                 target.report.stats.last_error = target.report.why(stop.cause)
                 raise stop.cause from None

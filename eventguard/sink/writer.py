@@ -3,7 +3,8 @@
 One writer task (not one per stream): it batches every stream's pending work into one
 transaction per cycle, which is what SQLite wants (a single writer path) and cheap for
 PostgreSQL. The guard's hot path only appends references (:meth:`Writer.note_event`); the writer
-serialises and writes. The statements themselves are :func:`eventguard.sink.apply.write`'s.
+takes them as batches and serialises them (:mod:`eventguard.sink.collect`), then commits them
+(:mod:`eventguard.sink.commit`; the statements are :func:`eventguard.sink.apply.write`'s).
 
 What the writer does with a failed write depends on what the error means
 (:mod:`eventguard.sql.classify`):
@@ -12,11 +13,9 @@ What the writer does with a failed write depends on what the error means
   to the spool, the writer backs off, and the spool is replayed in the background as soon as a
   write succeeds again (and when the sink starts): :mod:`eventguard.sink.replay`.
 - **The database refused the content** (a NUL in a TEXT column, a value out of range, a
-  constraint): never an outage. The group is split in halves until the refused batches are
-  isolated, then within a refused batch its events and anomalies, so everything the database
-  takes is written at once; what it refuses goes to the quarantine table with the reason
-  (:mod:`eventguard.sink.quarantine`), with a ``sink_refused`` anomaly on the response when its row
-  is there. Healthy batches are neither delayed nor spooled.
+  constraint): never an outage. What it refuses is isolated and goes to the quarantine with the
+  reason; the rest is written at once (:mod:`eventguard.sink.commit`). Healthy batches are
+  neither delayed nor spooled.
 - **Anything else** (a bug, a redactor that raises): logged once with its traceback, counted in
   ``stats.unexpected_errors``; the batch goes to the quarantine with the reason, and the writer
   carries on. Nothing the writer was given is dropped: it is in the database, the spool, the
@@ -31,10 +30,9 @@ cancelled then) or, at the latest, once the loop is closed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import inspect
@@ -45,30 +43,25 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from eventguard.errors import SchemaMismatchError
 from eventguard.lifecycle import Lifecycle
 from eventguard.sink import quarantine
-from eventguard.sink.apply import Stopped, Tally, Written, note_refused, write
+from eventguard.sink.apply import Stopped, Tally
 from eventguard.sink.batch import Batch
+from eventguard.sink.collect import Collector, finish
+from eventguard.sink.commit import Committer
 from eventguard.sink.filter import EventFilter
 from eventguard.sink.loops import Loops, LoopState
-from eventguard.sink.quarantine import QuarantineRecord
 from eventguard.sink.quarantine_file import QuarantineFile
 from eventguard.sink.recorder import SqlRecorder
-from eventguard.sink.replay import REPLAYING, Replayer, ReplayResult
+from eventguard.sink.replay import Replayer, ReplayResult
 from eventguard.sink.report import Reporter, SinkStats, log
 from eventguard.sink.serialise import Redactor
 from eventguard.sink.spool import Spool
 from eventguard.sql import engine as _db
 from eventguard.sql import migrate as _migrate
-from eventguard.sql.classify import ErrorKind, classify, reason
+from eventguard.sql.classify import reason
 from eventguard.sql.tables import responses
 
 __all__ = ["Outage", "Writer", "WriterConfig"]
 
-# The writer serialises events on the event loop it shares with the streams: in steps of at
-# most _STEP_FLOOR seconds, or _STEP_SHARE of the time the other tasks took meanwhile, checking
-# the clock every _ENCODE_CHUNK events (a few microseconds of work).
-_STEP_FLOOR = 25e-6
-_STEP_SHARE = 0.5
-_ENCODE_CHUNK = 8
 #: How long the writer's last act on a loop that is ending (closing its connections) may take.
 _TEARDOWN_TIMEOUT = 2.0
 #: The writer's pause after an error it did not expect, before its next cycle.
@@ -141,10 +134,16 @@ class Writer:
         self.stats = stats
         self.report = Reporter(stats, _db.url_secrets(config.url))
         self.loops = Loops(lambda: self.name, self._take_unbound)
-        self.replayer = Replayer(self, self.loops, lambda: self.name)
         self.quarantine_file = QuarantineFile(
             lambda: quarantine.file_path(self.spool.path), self.report, self.writing, self._wake_up
         )
+        self.committer = Committer(
+            lambda: self.engine, config, stats, self.report, self.quarantine_file, self._schema_changed
+        )
+        self.collector = Collector(
+            config.redact, stats, self.report, self.quarantine_file, self.committer.quarantine
+        )
+        self.replayer = Replayer(self, self.committer, self.loops, lambda: self.name)
         self.outage = Outage()
         self.closed = False
         #: An engine asked for outside any event loop; the first loop to use the sink takes it.
@@ -300,6 +299,9 @@ class Writer:
     def _wake_up(self) -> None:
         self.loops.wake.set()
 
+    def _schema_changed(self) -> None:
+        self._ready = False  # look at the schema again before the next write
+
     def _overflow(self) -> None:
         # The writer is behind by max_buffered events: move what waits to the spool now rather
         # than grow without bound. Rare and documented; replay restores it. On the hot path (in
@@ -312,7 +314,7 @@ class Writer:
             log.warning(
                 "eventguard sink: %d events buffered; spilling to %s", self._buffered, self.spool.path
             )
-        batches = [b for rec in self._work if (b := self._collect(rec)) is not None]
+        batches = [b for rec in self._work if (b := self.collector.collect(rec)) is not None]
         self._buffered = sum(len(rec.pending) for rec in self._work)
         self.to_spool(batches, None)
 
@@ -322,12 +324,12 @@ class Writer:
 
     def spool_now(self, rec: SqlRecorder, why: str) -> None:
         """Keep what a closing recorder still holds in the spool file (its final flush cannot happen)."""
-        batch = self._collect(rec)
+        batch = self.collector.collect(rec)
         batches = [*rec.inflight, *([batch] if batch is not None else [])]
         if batches:
             log.warning("eventguard sink: %s; %d batches kept in %s", why, len(batches), self.spool.path)
             self.to_spool(batches, None)
-        self._finish(rec)
+        finish(rec)
 
     def unexpected(self, exc: BaseException, where: str) -> None:
         """An error the writer did not expect (``exc``, in ``where``): counted, logged once per kind."""
@@ -392,7 +394,7 @@ class Writer:
         for rec in recorders:
             batches.extend(rec.inflight)
             rec.inflight.clear()
-            batch = self._collect(rec)
+            batch = self.collector.collect(rec)
             if batch is not None:
                 batches.append(batch)
         if batches:
@@ -403,7 +405,7 @@ class Writer:
             )
             self.to_spool(batches, None)
         for rec in recorders:
-            self._finish(rec)
+            finish(rec)
 
     def _take_work(self) -> list[SqlRecorder]:
         recorders = self._work
@@ -412,76 +414,12 @@ class Writer:
             rec.queued = False
         return recorders
 
-    def _collect(self, rec: SqlRecorder) -> Batch | None:
-        """``rec.collect()``; should it raise, what it holds goes to the quarantine file, not lost
-        (under a redactor, only what identifies it: see :meth:`_uncollected`)."""
-        try:
-            return rec.collect()
-        except Exception as exc:
-            self.unexpected(exc, "collecting a stream's work")
-            lc = rec.lifecycle
-            record = quarantine.entry(
-                "write",
-                f"the stream's work could not be collected: {self._error_text(exc)}",
-                self._uncollected(rec),
-                response_id=lc.info.response_id,
-                attempt=lc.attempt,
-                stream_id=getattr(rec, "stream_id", None),
-            )
-            self.stats.quarantined += 1
-            self.quarantine_file.keep([record], "the stream's work could not be collected")
-            if rec.closing:
-                self._finish(rec)  # its close() must not wait for what cannot be collected
-            return None
-
-    def _uncollected(self, rec: SqlRecorder) -> dict[str, Any]:
-        """What a recorder whose work cannot be collected holds, taken from it. With a redactor,
-        only what identifies each item (the redactor never saw it: its content stays out)."""
-        lc = rec.lifecycle
-        try:
-            pending, steps, found = rec.abandon()
-        except Exception:  # pragma: no cover - a recorder without abandon() (a test double)
-            pending, steps, found = list(rec.pending), [], []
-            rec.pending = []
-            rec.dirty = False
-        if self.redact is None:
-            return {"lifecycle": lc, "pending_events": pending, "transitions": steps, "anomalies": found}
-        return {
-            "redacted": "the sink has a redactor: only what identifies each item is kept",
-            "state": lc.state.value,
-            "attempt": lc.attempt,
-            "pending_events": [{"attempt": a, "seq": s, "type": t} for a, s, t, _ in pending],
-            "transitions": [
-                {
-                    "attempt": t.attempt,
-                    "idx": t.index,
-                    "from_state": t.from_state.value,
-                    "to_state": t.to_state.value,
-                    "cause": t.cause.value if t.cause else None,
-                }
-                for t in steps
-            ],
-            "anomalies": [
-                {"attempt": a.attempt, "idx": a.index, "kind": a.kind.value, "event_index": a.event_index}
-                for a in found
-            ],
-        }
-
-    def _error_text(self, exc: BaseException) -> str:
-        """An error as the quarantine keeps it: under a redactor its type only (its message may
-        quote what the redactor was meant to mask), else its one-line reason."""
-        return type(exc).__name__ if self.redact is not None else reason(exc)
-
-    def _finish(self, rec: SqlRecorder) -> None:
-        with contextlib.suppress(RuntimeError):  # its event loop is closed: nobody waits any more
-            rec.finished()
-
     async def cycle(self, recorders: Sequence[SqlRecorder]) -> None:
         """One turn of the writer: take ``recorders``' work as batches and :meth:`persist` them;
         a recorder that is closing and has nothing left is told it is finished."""
         batches: list[Batch] = []
         for rec in recorders:
-            batch = self._collect(rec)
+            batch = self.collector.collect(rec)
             if batch is not None:
                 rec.inflight.append(batch)
                 batches.append(batch)
@@ -507,7 +445,7 @@ class Writer:
                     self.unexpected(exc, "a stream's state")
                     done = True
                 if done:
-                    self._finish(rec)
+                    finish(rec)
 
     async def persist(self, batches: list[Batch]) -> None:
         """Store ``batches`` in one transaction, or keep them: in the spool during an outage (or
@@ -517,7 +455,7 @@ class Writer:
             if time.monotonic() < self.outage.retry_at:
                 self.to_spool(batches, None)
                 return
-            await self._serialise(batches)
+            await self.collector.serialise(batches)
             try:
                 await self.ensure_ready()
             except Exception as exc:
@@ -525,92 +463,13 @@ class Writer:
                 return
             tally = Tally()
             try:
-                await self.apply(batches, tally)
+                await self.committer.apply(batches, tally)
             except Stopped as stop:
                 self.to_spool(stop.batches, stop.cause)
                 return
             finally:
                 self.report.refused(tally.refusals)
             self.recovered()
-
-    # -- serialising events -----------------------------------------------------------------------
-    async def _serialise(self, batches: Sequence[Batch]) -> None:
-        """Serialise the batches' events a little at a time, yielding the loop in between.
-
-        Each step takes at most ``max(_STEP_FLOOR, _STEP_SHARE x the time the other tasks
-        took since the last step)``: next to one stream, a step stays far below the latency the
-        sink may add to it; next to a thousand, the writer still keeps pace with them all.
-        An event that cannot be serialised (a redactor that raises) goes to the quarantine; the
-        rest of its batch is written.
-        """
-        clock = time.perf_counter
-        started = clock()
-        budget = _STEP_FLOOR
-        refused: list[QuarantineRecord] = []
-        for batch in batches:
-            while self._encode_step(batch, _ENCODE_CHUNK, refused):
-                now = clock()
-                if now - started >= budget:
-                    await asyncio.sleep(0)
-                    started = clock()
-                    budget = max(_STEP_FLOOR, (started - now) * _STEP_SHARE)
-        if refused:
-            await self.quarantine(refused)
-
-    def _serialise_now(self, batches: Sequence[Batch]) -> list[QuarantineRecord]:
-        """Serialise the batches' events in one go (before they are spooled); each event that
-        cannot be serialised is taken out of its batch, as the quarantine record returned."""
-        refused: list[QuarantineRecord] = []
-        for batch in batches:
-            while self._encode_step(batch, None, refused):
-                pass
-        return refused
-
-    def _encode_step(self, batch: Batch, limit: int | None, refused: list[QuarantineRecord]) -> bool:
-        """Serialise up to ``limit`` (None: all) more of ``batch``'s events; an event that cannot
-        be serialised goes into ``refused``. False once nothing is left."""
-        rec = batch.source
-        if rec is None:
-            return False
-        start, before = batch.raw_done, len(batch.events)
-        try:
-            return rec.encode_some(batch, limit) > 0
-        except Exception as exc:
-            refused.append(self._skip_event(batch, start + len(batch.events) - before, exc))
-            return True
-
-    def _skip_event(self, batch: Batch, index: int, exc: Exception) -> QuarantineRecord:
-        """Take the event that could not be serialised out of ``batch``, as a quarantine record.
-
-        Only the serialiser's redactor raises there. With a redactor the record holds what
-        identifies the event (attempt, seq, type) and why, never the event: it is what the
-        redactor was meant to mask, and it never saw it through.
-        """
-        self.unexpected(exc, "serialising an event")
-        redacted = self.redact is not None
-        cause = f"the redactor raised {reason(exc)}" if redacted else reason(exc)
-        why = f"the event could not be serialised: {cause}"
-        if not batch.raw_done <= index < len(batch.raw):  # pragma: no cover - the recorder changed shape
-            record = quarantine.of_batch(batch, "write", why, redacted=redacted)
-            batch.raw, batch.raw_done = [], 0
-            return record
-        attempt, seq, etype, event = batch.raw[index]
-        batch.raw_done = index + 1
-        if batch.raw_done >= len(batch.raw):
-            batch.raw, batch.raw_done = [], 0
-        content: dict[str, Any] = {
-            "response_id": batch.response_id,
-            "attempt": attempt,
-            "seq": seq,
-            "type": etype,
-        }
-        if redacted:
-            content["error"] = type(exc).__name__
-        else:
-            content["event"] = event
-        return quarantine.entry(
-            "write", why, content, response_id=batch.response_id, attempt=attempt, stream_id=batch.stream_id
-        )
 
     # -- outages, the spool ---------------------------------------------------------------------------
     def to_spool(self, batches: list[Batch], exc: BaseException | None) -> None:
@@ -639,7 +498,7 @@ class Writer:
         # Serialised here, event by event: an event that cannot be (a redactor that raises) goes
         # to the quarantine on its own; the rest of its batch is spooled. (Spool.append then
         # finds nothing left to serialise: the redactor never runs inside it.)
-        refused = self._serialise_now(batches)
+        refused = self.collector.serialise_now(batches)
         if refused:
             self.stats.quarantined += len(refused)
             self.quarantine_file.keep(refused, "events that could not be serialised were being spooled")
@@ -723,173 +582,3 @@ class Writer:
     async def _has_tables(self) -> bool:
         async with self.engine.connect() as conn:
             return await conn.run_sync(lambda c: inspect(c).has_table(responses.name))
-
-    # -- writing, and isolating what the database refuses ------------------------------------------
-    async def _write(self, batches: Sequence[Batch], *, rows: bool = True) -> Written:
-        for batch in batches:
-            batch.serialise()  # no-op unless the caller skipped _serialise
-        async with asyncio.timeout(self.config.write_timeout), self.engine.begin() as conn:
-            written = await write(conn, batches, rows=rows, replay=REPLAYING.get())
-        if rows:
-            self.stats.batches_written += len(batches) - len(written.duplicates)
-        self.stats.events_written += written.events
-        if written.duplicates:
-            self.stats.duplicates += len(written.duplicates)
-            self.stats.quarantined += written.quarantined
-            for dup in written.duplicates:
-                log.warning("eventguard sink: %s", quarantine.text(dup.reason))
-        return written
-
-    async def apply(self, batches: list[Batch], tally: Tally) -> None:
-        """Write ``batches``, adding what it came to to ``tally``; a group the database refuses
-        for its content is split until the refused batches are isolated (then :meth:`_isolate`).
-        Raises :class:`~eventguard.sink.apply.Stopped` on an outage, with the batches not known
-        to be written."""
-        todo: list[list[Batch]] = [batches]
-        while todo:
-            group = todo.pop()
-            try:
-                written = await self._write(group)
-            except Exception as exc:
-                if await self._kind(exc) is not ErrorKind.DATA:
-                    raise Stopped(exc, [*group, *(b for g in reversed(todo) for b in g)]) from exc
-                if len(group) > 1:
-                    half = len(group) // 2
-                    todo += [group[half:], group[:half]]  # the first half next: order kept
-                    continue
-                try:
-                    await self._isolate(group[0], exc, tally)
-                except Stopped as stop:
-                    stop.batches += [b for g in reversed(todo) for b in g]
-                    raise
-                tally.batches += 1
-                continue
-            tally.batches += len(group)
-            tally.events += written.events
-            tally.quarantined += written.quarantined
-            tally.refusals += written.refusals
-
-    async def _isolate(self, batch: Batch, refused_by: Exception, tally: Tally) -> None:
-        """One batch the database refused: write what it takes, quarantine the rest.
-
-        The row with its transitions and anomalies first, then without the anomalies; the events
-        (and the anomalies, when they were refused with the row) in halves until each refused one
-        is alone. A row the database refuses takes the whole batch to the quarantine.
-        """
-        head = replace(batch, events=[], raw=[], raw_done=0)
-        loose: list[dict[str, Any]] = []
-        try:
-            written = await self._write([head])
-        except Exception as exc:
-            if await self._kind(exc) is not ErrorKind.DATA:
-                raise Stopped(exc, [batch]) from exc
-            try:
-                written = await self._write([replace(head, anomalies=[])])
-            except Exception as exc2:
-                if await self._kind(exc2) is not ErrorKind.DATA:
-                    raise Stopped(exc2, [batch]) from exc2
-                why = f"the database refused the response row: {reason(exc2)}"
-                tally.quarantined += await self.quarantine(
-                    [quarantine.of_batch(batch, "write", why)], note=(batch, why)
-                )
-                return
-            loose = batch.anomalies
-        tally.refusals += written.refusals
-        tally.quarantined += written.quarantined
-        if written.duplicates:
-            # Another stream owns this attempt: the rest of the batch is not applied either.
-            why = quarantine.text(written.duplicates[0].reason)
-            record = quarantine.of_batch(batch, "duplicate", why, anomalies=loose, whole=False)
-            tally.quarantined += await self.quarantine([record])
-            return
-        events, anomalies = await self._bisect(batch, list(batch.events), loose, tally)
-        if events or anomalies:
-            why = (
-                f"the database refused {len(events)} event(s) and {len(anomalies)} anomaly(ies) of the "
-                f"batch ({reason(refused_by)}); the rest of it is stored"
-            )
-            record = quarantine.of_batch(batch, "write", why, events=events, anomalies=anomalies, whole=False)
-            tally.quarantined += await self.quarantine([record], note=(batch, why))
-
-    async def _bisect(
-        self, batch: Batch, events: list[Any], anomalies: list[dict[str, Any]], tally: Tally
-    ) -> tuple[list[Any], list[dict[str, Any]]]:
-        """Write ``batch``'s events and anomalies without its row, in halves; the refused ones."""
-        items: list[tuple[bool, Any]] = [(True, e) for e in events] + [(False, a) for a in anomalies]
-        refused: list[tuple[bool, Any]] = []
-        todo = [items]
-        while todo:
-            part = todo.pop()
-            if not part:
-                continue
-            sub = replace(
-                batch,
-                events=[x for is_event, x in part if is_event],
-                anomalies=[x for is_event, x in part if not is_event],
-                transitions=[],
-                raw=[],
-                raw_done=0,
-                refusal_idx=None,
-            )
-            try:
-                written = await self._write([sub], rows=False)
-            except Exception as exc:
-                if await self._kind(exc) is not ErrorKind.DATA:
-                    raise Stopped(exc, [batch]) from exc
-                if len(part) == 1:
-                    refused += part
-                else:
-                    half = len(part) // 2
-                    todo += [part[half:], part[:half]]
-                continue
-            tally.events += written.events
-        return [x for is_event, x in refused if is_event], [x for is_event, x in refused if not is_event]
-
-    async def _kind(self, exc: BaseException) -> ErrorKind:
-        """DATA, or an outage (OUTAGE / SCHEMA). An unknown error is logged and counted, and the
-        database asked whether it is there: reachable, the content was the trouble."""
-        kind = classify(exc)
-        if kind is ErrorKind.UNKNOWN:
-            self.unexpected(exc, "a write")
-            kind = ErrorKind.DATA if await self._reachable() else ErrorKind.OUTAGE
-        if kind is ErrorKind.SCHEMA:
-            self._ready = False  # look at the schema again before the next write
-        return kind
-
-    async def _reachable(self) -> bool:
-        try:
-            async with asyncio.timeout(self.config.connect_timeout + 5.0), self.engine.connect() as conn:
-                await conn.exec_driver_sql("SELECT 1")
-        except Exception:
-            return False
-        return True
-
-    # -- the quarantine ------------------------------------------------------------------------------
-    async def quarantine(
-        self, records: list[QuarantineRecord], *, note: tuple[Batch, str] | None = None
-    ) -> int:
-        """Keep ``records`` in the quarantine table (else its file); ``note``: the batch whose
-        response gets a ``sink_refused`` anomaly, if its row is there. How many were kept (in a
-        replay, a record the table already holds is not kept again, nor counted)."""
-        if not records:
-            return 0
-        for record in records[:3]:
-            log.warning(
-                "eventguard sink: response %s: %s; kept in the quarantine", record.response_id, record.reason
-            )
-        error: Exception | None = None
-        for with_note in (True, False) if note is not None else (False,):
-            try:
-                async with asyncio.timeout(self.config.write_timeout), self.engine.begin() as conn:
-                    kept = await quarantine.insert(conn, records, once=REPLAYING.get())
-                    if with_note and note is not None:
-                        await note_refused(conn, note[0], quarantine.text(note[1]), records[0].record)
-                self.stats.quarantined += kept
-                return kept
-            except Exception as exc:
-                error = exc
-        assert error is not None
-        self.stats.quarantined += len(records)
-        why = f"the quarantine table could not be written ({self.report.why(error)})"
-        await self.quarantine_file.keep_async(records, why)
-        return len(records)

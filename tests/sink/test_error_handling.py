@@ -18,8 +18,8 @@ from sqlalchemy.exc import StatementError
 
 from eventguard.lifecycle import Lifecycle, ResponseInfo, State
 from eventguard.sink import SqlSink, quarantine
+from eventguard.sink import commit as commitmod
 from eventguard.sink import replay as replaymod
-from eventguard.sink import writer as writermod
 from eventguard.sink.apply import Stopped
 from eventguard.sink.batch import Batch
 from eventguard.sink.recorder import SqlRecorder
@@ -63,7 +63,7 @@ def test_a_plain_value_error_is_not_taken_for_refused_content() -> None:
 async def test_a_closed_connection_spools_the_batch_instead_of_quarantining_it(
     target: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    write = writermod.write
+    write = commitmod.write
     calls = 0
 
     async def closed_at_first(conn: Any, batches: Any, **kw: Any) -> Any:
@@ -73,7 +73,7 @@ async def test_a_closed_connection_spools_the_batch_instead_of_quarantining_it(
             raise ValueError("Connection closed")  # as aiosqlite says it
         return await write(conn, batches, **kw)
 
-    monkeypatch.setattr(writermod, "write", closed_at_first)
+    monkeypatch.setattr(commitmod, "write", closed_at_first)
     async with asyncio.timeout(60):
         sink = make_sink(target, flush_interval=0.01)
         await sink.start()
@@ -156,7 +156,7 @@ async def test_a_spool_file_replayed_again_after_an_outage_quarantines_each_reco
         sink.spool.append([make_batch("resp_good_1", n_events=1)])
         sink.spool.append([make_batch("resp_good_2", n_events=1)])
 
-        apply = sink.writer.apply
+        apply = sink.writer.committer.apply
         stopped = False
 
         async def locked_once(batches: list[Batch], tally: Any) -> None:
@@ -166,7 +166,7 @@ async def test_a_spool_file_replayed_again_after_an_outage_quarantines_each_reco
                 raise Stopped(sqlite3.OperationalError("database is locked"), list(batches))
             await apply(batches, tally)
 
-        sink.writer.apply = locked_once  # type: ignore[method-assign]
+        sink.writer.committer.apply = locked_once  # type: ignore[method-assign]
         with pytest.raises(sqlite3.OperationalError):
             await sink.replay_spool()
         again = await sink.replay_spool()

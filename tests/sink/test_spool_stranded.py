@@ -67,7 +67,7 @@ async def test_a_replay_an_outage_stopped_goes_on_when_writes_succeed_again(targ
         sink.writer.persist = persist  # type: ignore[method-assign]
         assert sink.spool.pending()
 
-        apply = sink.writer.apply
+        apply = sink.writer.committer.apply
         calls = 0
 
         async def locked_once(batches: list[Batch], tally: Any) -> None:
@@ -77,7 +77,7 @@ async def test_a_replay_an_outage_stopped_goes_on_when_writes_succeed_again(targ
                 raise Stopped(sqlite3.OperationalError("database is locked"), list(batches))
             await apply(batches, tally)
 
-        sink.writer.apply = locked_once  # type: ignore[method-assign]
+        sink.writer.committer.apply = locked_once  # type: ignore[method-assign]
         sink.writer.replayer.soon()
         st = sink.writer.loops.live
         assert st is not None and st.replay is not None
