@@ -56,7 +56,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeAlias
 from weakref import WeakKeyDictionary, WeakSet
 
 import orjson
@@ -144,15 +144,27 @@ _DIALECTS: dict[str, Dialect] = {
 }
 
 
+#: Told that a batch is stored under other attempt numbers: ``(batch, the stream's own
+#: attempt, the new shift, the new stream id)``; the writer renumbers the recorder with it.
+Renumbered: TypeAlias = Callable[[Batch, int, int, str], None]
+
+
 async def write(
-    conn: AsyncConnection, batches: Sequence[Batch], *, rows: bool = True, replay: bool = False
+    conn: AsyncConnection,
+    batches: Sequence[Batch],
+    *,
+    rows: bool = True,
+    replay: bool = False,
+    renumbered: Renumbered | None = None,
 ) -> Written:
     """Write ``batches`` inside the caller's transaction; what it did (refusals, duplicates).
 
-    The batches' events must be serialised already (:meth:`Batch.serialise`). ``rows=False``
+    The batches' events must be serialised already (:meth:`Batch.serialised`). ``rows=False``
     writes only their events, transitions and anomalies (the row is known to be there: the
     writer isolating refused content within a batch). ``replay``: the batches come from the
     spool, and a duplicate's quarantine record already there is not inserted again.
+    ``renumbered``: called for each batch stored under other attempt numbers than it carried
+    (see "One response id, two streams").
     """
     # Before the first statement: SQLAlchemy has not begun the transaction yet. Without the
     # row upsert, no statement through SQLAlchemy would begin it before the COPY (asyncpg's
@@ -163,7 +175,7 @@ async def write(
     kept_transitions: list[dict[str, Any]] = []
     kept: list[Batch] = []
     refused_streams: list[tuple[Batch, Duplicate]] = []
-    verdicts = await _write_rows(conn, batches) if rows else [None] * len(batches)
+    verdicts = await _write_rows(conn, batches, renumbered) if rows else [None] * len(batches)
     for batch, verdict in zip(batches, verdicts, strict=True):
         if isinstance(verdict, Duplicate):
             out.duplicates.append(verdict)
@@ -200,7 +212,9 @@ async def write(
 # -- the response rows --------------------------------------------------------------------------
 
 
-async def _write_rows(conn: AsyncConnection, batches: Sequence[Batch]) -> list[Refusal | Duplicate | None]:
+async def _write_rows(
+    conn: AsyncConnection, batches: Sequence[Batch], renumbered: Renumbered | None
+) -> list[Refusal | Duplicate | None]:
     """Upsert every batch's row; per batch, the refusal or the duplicate (None: written, or
     nothing to write)."""
     out: list[Refusal | Duplicate | None] = [None] * len(batches)
@@ -229,7 +243,7 @@ async def _write_rows(conn: AsyncConnection, batches: Sequence[Batch]) -> list[R
             found = await _stored(conn, {b.response_id for b in chunk})
             for i, b in zip(ids, chunk, strict=True):
                 row = found.get(b.response_id)
-                if tries[i] < _RENUMBER_TRIES and _renumber(b, row):
+                if tries[i] < _RENUMBER_TRIES and _renumber(b, row, renumbered):
                     tries[i] += 1
                     again.append(i)  # stored under another attempt now: its row is written again
                     continue
@@ -287,7 +301,7 @@ def split_stream(stream_id: str) -> tuple[str, int]:
     return stream_id, 0
 
 
-def _renumber(batch: Batch, found: Any) -> bool:
+def _renumber(batch: Batch, found: Any, renumbered: Renumbered | None) -> bool:
     """Store ``batch`` under the attempt its stream has (or takes) in the row ``found``: whether
     that changed it (its row is then written again). See "One response id, two streams".
 
@@ -316,8 +330,8 @@ def _renumber(batch: Batch, found: Any) -> bool:
         return False
     stream = f"{base}{_SHIFT}{new}" if new else base
     _shift_batch(batch, new - shift, stream)
-    if batch.source is not None:
-        batch.source.renumber(own, new, stream)
+    if renumbered is not None:
+        renumbered(batch, own, new, stream)
     return True
 
 

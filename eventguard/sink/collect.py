@@ -15,8 +15,10 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+from weakref import WeakValueDictionary
 
 from eventguard.sink import quarantine
+from eventguard.sink.apply import split_stream
 from eventguard.sink.batch import Batch
 from eventguard.sink.quarantine import QuarantineRecord
 from eventguard.sink.quarantine_file import QuarantineFile
@@ -62,12 +64,14 @@ class Collector:
         self._report = report
         self._file = file
         self._quarantine = quarantine
+        #: Each live recorder by its own stream id (a batch's, without the shift of a renumbering).
+        self._takers: WeakValueDictionary[str, SqlRecorder] = WeakValueDictionary()
 
     def collect(self, rec: SqlRecorder) -> Batch | None:
         """``rec.collect()``; should it raise, what it holds goes to the quarantine file, not lost
         (under a redactor, only what identifies it: see :meth:`_uncollected`)."""
         try:
-            return rec.collect()
+            batch = rec.collect()
         except Exception as exc:
             self._report.unexpected(exc, "collecting a stream's work")
             lc = rec.lifecycle
@@ -84,6 +88,37 @@ class Collector:
             if rec.closing:
                 finish(rec)  # its close() must not wait for what cannot be collected
             return None
+        if batch is not None and batch.stream_id is not None:
+            self._takers[split_stream(batch.stream_id)[0]] = rec
+        return batch
+
+    def adopt(self, rec: SqlRecorder) -> None:
+        """Know ``rec`` (a new recorder) as the taker of its batches."""
+        self._takers[split_stream(rec.stream_id)[0]] = rec
+
+    def taker(self, batch: Batch) -> SqlRecorder | None:
+        """The live recorder that took ``batch`` (None for a batch read from the spool, or of a
+        recorder that is gone), found by the batch's stream id."""
+        if batch.stream_id is None:
+            return None
+        return self._takers.get(split_stream(batch.stream_id)[0])
+
+    def encode_rest(self, batch: Batch) -> None:
+        """Serialise whatever is left of ``batch``'s events now, in one go, through its recorder."""
+        if batch.serialised():
+            return
+        rec = self.taker(batch)
+        if rec is None:
+            raise ValueError(f"batch of {batch.response_id!r}: its recorder is gone, its events unserialised")
+        rec.encode_some(batch)
+
+    def renumbered(self, batch: Batch, attempt: int, shift: int, stream_id: str) -> None:
+        """``batch`` is stored ``shift`` attempts higher, as ``stream_id``: so is, from the
+        lifecycle's ``attempt`` on, the rest of its recorder's stream (see
+        :meth:`SqlRecorder.renumber <eventguard.sink.recorder.SqlRecorder.renumber>`)."""
+        rec = self.taker(batch)
+        if rec is not None:
+            rec.renumber(attempt, shift, stream_id)
 
     def _uncollected(self, rec: SqlRecorder) -> dict[str, Any]:
         """What a recorder whose work cannot be collected holds, taken from it. With a redactor,
@@ -158,7 +193,9 @@ class Collector:
     def _encode_step(self, batch: Batch, limit: int | None, refused: list[QuarantineRecord]) -> bool:
         """Serialise up to ``limit`` (None: all) more of ``batch``'s events; an event that cannot
         be serialised goes into ``refused``. False once nothing is left."""
-        rec = batch.source
+        if batch.serialised():
+            return False
+        rec = self.taker(batch)
         if rec is None:
             return False
         start, before = batch.raw_done, len(batch.events)

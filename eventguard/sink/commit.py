@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from eventguard.sink import quarantine
-from eventguard.sink.apply import Stopped, Tally, Written, note_refused, write
+from eventguard.sink.apply import Renumbered, Stopped, Tally, Written, note_refused, write
 from eventguard.sink.batch import Batch
 from eventguard.sink.quarantine import QuarantineRecord
 from eventguard.sink.quarantine_file import QuarantineFile
@@ -50,7 +50,9 @@ class Committer:
 
     ``engine``: the current loop's engine; ``config``: the timeouts; ``stats``, ``report``: the
     sink's counts and log; ``file``: the quarantine file, when the table cannot be written;
-    ``schema_changed``: called when an error says the schema must be looked at again.
+    ``schema_changed``: called when an error says the schema must be looked at again;
+    ``encode``: serialises what is left of a batch's events; ``renumbered``: told when a batch
+    is stored under other attempt numbers (its recorder is renumbered).
     """
 
     def __init__(
@@ -61,6 +63,8 @@ class Committer:
         report: Reporter,
         file: QuarantineFile,
         schema_changed: Callable[[], None],
+        encode: Callable[[Batch], None],
+        renumbered: Renumbered,
     ) -> None:
         self._engine = engine
         self._config = config
@@ -68,12 +72,18 @@ class Committer:
         self._report = report
         self._file = file
         self._schema_changed = schema_changed
+        self._encode = encode
+        self._renumbered = renumbered
 
     async def _write(self, batches: Sequence[Batch], *, rows: bool = True) -> Written:
         for batch in batches:
-            batch.serialise()  # no-op unless the caller skipped _serialise
+            self._encode(batch)  # no-op unless the caller skipped serialising
+        replay = REPLAYING.get()
+        # A replayed batch's recorder (if it still runs) is not renumbered by it: its own next
+        # batch is, when it is written.
+        renumbered = None if replay else self._renumbered
         async with asyncio.timeout(self._config.write_timeout), self._engine().begin() as conn:
-            written = await write(conn, batches, rows=rows, replay=REPLAYING.get())
+            written = await write(conn, batches, rows=rows, replay=replay, renumbered=renumbered)
         if rows:
             self._stats.batches_written += len(batches) - len(written.duplicates)
         self._stats.events_written += written.events

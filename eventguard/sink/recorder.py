@@ -86,6 +86,7 @@ class SqlRecorder:
     """The :class:`eventguard.recording.Recorder` an :class:`SqlSink` hands to each guard."""
 
     __slots__ = (
+        "__weakref__",  # the writer finds a batch's recorder by its stream id, weakly
         "_anomalies_taken",
         "_columns",
         "_done",
@@ -359,7 +360,6 @@ class SqlRecorder:
             recorded_at=now,
             stream_id=self.stream_id,
         )
-        batch.source = self
 
         for t in lc.transitions[self._transitions_taken : n_transitions]:
             batch.transitions.append(

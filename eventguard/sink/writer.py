@@ -137,11 +137,22 @@ class Writer:
         self.quarantine_file = QuarantineFile(
             lambda: quarantine.file_path(self.spool.path), self.report, self.writing, self._wake_up
         )
-        self.committer = Committer(
-            lambda: self.engine, config, stats, self.report, self.quarantine_file, self._schema_changed
-        )
         self.collector = Collector(
-            config.redact, stats, self.report, self.quarantine_file, self.committer.quarantine
+            config.redact,
+            stats,
+            self.report,
+            self.quarantine_file,
+            lambda records: self.committer.quarantine(records),
+        )
+        self.committer = Committer(
+            lambda: self.engine,
+            config,
+            stats,
+            self.report,
+            self.quarantine_file,
+            self._schema_changed,
+            self.collector.encode_rest,
+            self.collector.renumbered,
         )
         self.replayer = Replayer(self, self.committer, self.loops, lambda: self.name)
         self.outage = Outage()
@@ -203,6 +214,7 @@ class Writer:
             raise RuntimeError(f"{self.name} is closed")
         self.ensure_writer()
         rec = SqlRecorder(self, lifecycle)
+        self.collector.adopt(rec)
         self._enqueue(rec)
         return rec
 

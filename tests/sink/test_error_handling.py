@@ -150,6 +150,7 @@ async def test_a_spool_file_replayed_again_after_an_outage_quarantines_each_reco
         lc.transition(State.FAILED)
         dup = other.collect()
         assert dup is not None
+        other.encode_some(dup)  # serialised before it is spooled (a batch is plain data)
         sink.spool.append([dup])
         with sink.spool.path.open("ab") as fh:
             fh.write(b"\nEG1 999 00000000 {torn\n")

@@ -221,7 +221,7 @@ async def test_replay_quarantines_a_refused_batch_and_loads_the_rest(
             lc.transition(State.COMPLETED)
             batch = rec.collect()
             assert batch is not None
-            batch.serialise()
+            rec.encode_some(batch)
             if rid == "resp_bad":
                 batch.row["status"] = "bogus"
             batches.append(batch)

@@ -86,6 +86,7 @@ async def test_replaying_a_dead_writers_spool_does_not_undo_recover(target: Targ
         rec.event(1, "response.output_text.delta", {"type": "response.output_text.delta", "delta": "x"})
         rec.changed()
         batch: Any = rec.collect()
+        rec.encode_some(batch)  # serialised before it is spooled (a batch is plain data)
         sink.spool.append([batch])
         store = ResponseStore(target.url, schema=target.schema)
         await asyncio.sleep(0.01)

@@ -116,6 +116,7 @@ async def test_replaying_twice_is_harmless(target: Target) -> None:
             rec.event(i, ev["type"], ev)
         batch = rec.collect()
         assert batch is not None
+        rec.encode_some(batch)  # serialised before it is spooled (a batch is plain data)
         rec_batches.append(batch)
         sink.spool.append(rec_batches)
         sink.spool.append(rec_batches)

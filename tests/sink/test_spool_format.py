@@ -245,6 +245,7 @@ def test_a_recorders_batch_round_trips(tmp_path: Path) -> None:
     lc.transition(State.FAILED, reason="boom \udcff")
     batch = rec.collect()
     assert batch is not None
+    rec.encode_some(batch)  # serialised before it is spooled (a batch is plain data)
     sink.spool.append([batch])
     (back,) = replay(sink.spool)
     assert back == batch
@@ -617,3 +618,21 @@ def test_a_file_that_cannot_be_opened_does_not_stop_the_others(tmp_path: Path) -
     spool.append([make_batch("resp_1")])
     assert [b.response_id for b in batches_of(replay(spool))] == ["resp_1"]
     assert spool.pending()  # still there, for a person to look at
+
+
+def test_a_batch_whose_events_are_not_serialised_yet_refuses_to_become_json(tmp_path: Path) -> None:
+    """A batch is plain data: it cannot serialise its events itself (issue 12 removed its pointer
+    to the recorder), so writing it before they are would lose them; it says so instead."""
+    from eventguard.lifecycle import Lifecycle, ResponseInfo
+    from eventguard.sink import SqlSink
+    from eventguard.sink.recorder import SqlRecorder
+
+    sink = SqlSink(f"sqlite+aiosqlite:///{tmp_path / 'unused.db'}", spool_path=tmp_path / "spool.jsonl")
+    rec = SqlRecorder(sink.writer, Lifecycle(info=ResponseInfo(response_id="resp_raw")))
+    rec.event(0, "response.created", {"type": "response.created"})
+    batch = rec.collect()
+    assert batch is not None and not batch.serialised()
+    with pytest.raises(ValueError, match="not serialised yet"):
+        batch.to_json()
+    rec.encode_some(batch)
+    assert Batch.from_json(batch.to_json()) == batch
