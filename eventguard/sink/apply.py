@@ -379,8 +379,8 @@ def _upsert_tail(dialect: Dialect, distinct: str) -> str:
     sets = ", ".join(f"{q(n)} = excluded.{q(n)}" for n in _ROW_VALUES)
     # A batch without a stream (an old spool) never takes the row's stream away.
     sets += f", stream_id = coalesce(excluded.stream_id, {t}.stream_id)"
-    # Never from a terminal state. Within one writer's own attempt, never backwards (a replayed
-    # spool after a newer write); another writer's state is not comparable with ours, so only the
+    # Never from a terminal state. Within one sink's own attempt (its owner), never backwards (a replayed
+    # spool after a newer write); another sink's state is not comparable with ours, so only the
     # terminal guard applies to it.
     moves_forward = (
         f"{t}.owner {distinct} excluded.owner OR {t}.attempt < excluded.attempt"

@@ -12,7 +12,7 @@ through the recorder (``SqlRecorder.encode_some``); a batch is written or spoole
 ``raw`` is done (:meth:`Batch.serialised`).
 
 In the spool a batch is one JSON object (:meth:`Batch.to_json`, :meth:`Batch.from_json`; the
-record around it is :mod:`eventguard.sink.spool`'s). Version 1 of that object::
+entry around it is :mod:`eventguard.sink.spool`'s). Version 1 of that object::
 
     {"response_id": str, "attempt": int, "owner": str, "row": {column: value},
      "terminal": bool, "recorded_at": ISO time | null,
@@ -21,7 +21,7 @@ record around it is :mod:`eventguard.sink.spool`'s). Version 1 of that object::
      "refusal_idx": int | null, "stream_id": str | null}
 
 Times are ISO 8601 strings; event and anomaly payloads are JSON text kept as strings (they come
-back as :class:`~eventguard.sql.engine.PreSerialised`). Version 0 (the spool before records had a header)
+back as :class:`~eventguard.sql.engine.PreSerialised`). Version 0 (the spool before entries had a header)
 is the same object with each event as ``{"response_id", "attempt", "seq", "type", "payload",
 "recorded_at"}``; :meth:`Batch.from_json` reads both.
 

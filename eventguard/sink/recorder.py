@@ -129,7 +129,7 @@ class SqlRecorder:
         self._done: asyncio.Future[None] | None = None
         self.dirty = True  # the row itself is not written yet
         self.closing = False
-        #: Set when the database refused this stream's status (another writer holds a terminal).
+        #: Set when the database refused this stream's status (another sink or stream holds a terminal).
         self.refusal: Refusal | None = None
         #: This stream's identity: another stream with the same response id has another. Once the
         #: writer stores the stream under other attempt numbers (see ``renumber``), its stored form.

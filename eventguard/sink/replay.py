@@ -244,11 +244,11 @@ def _tally_of(result: ReplayResult) -> Tally:
 
 
 def entries(file: Any, tally: Tally) -> Iterator[Any]:
-    """A spool file's entries, streaming (``SpoolFile.records()``), or, from a spool module
+    """A spool file's entries, streaming (``SpoolFile.entries()``), or, from a spool module
     without it, its batches (unreadable lines counted in ``tally``, kept by the spool itself)."""
-    records = getattr(file, "records", None)
-    if callable(records):
-        yield from records()
+    read = getattr(file, "entries", None)
+    if callable(read):
+        yield from read()
         return
     yield from file.batches
     tally.bad += int(getattr(file, "bad_lines", 0))

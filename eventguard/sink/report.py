@@ -105,7 +105,7 @@ class Reporter:
         )
 
     def refused(self, refusals: list[Refusal]) -> None:
-        """Count and log each status the database refused (another writer holds a terminal)."""
+        """Count and log each status the database refused (another sink or stream holds a terminal)."""
         for refusal in refusals:
             self.stats.refusals.append(refusal)
             log.warning("eventguard sink: response %r: %s", refusal.response_id, refusal.reason)

@@ -261,7 +261,7 @@ async def test_a_torn_spool_line_takes_no_batch_with_it(target: Target, tmp_path
     assert not list(target.spool.parent.glob("*.replaying-*"))
 
 
-async def test_a_record_of_the_wrong_shape_does_not_stop_the_replay(target: Target) -> None:
+async def test_an_entry_of_the_wrong_shape_does_not_stop_the_replay(target: Target) -> None:
     # Issue 11, defect 3: valid JSON of the wrong shape ("row": null) made replay raise
     # AttributeError, which left the whole file behind as .replaying-*.
     from .test_spool_format import framed, make_batch
@@ -299,5 +299,5 @@ async def test_a_lone_surrogate_is_spooled_not_lost(
     assert sink.stats.batches_spooled == 1
     assert "lost" not in caplog.text
     (file,) = sink.spool.take()
-    assert list(file.records()) == [batch]
+    assert list(file.entries()) == [batch]
     sink.spool.done(file)

@@ -142,7 +142,7 @@ def test_take_never_waits_for_a_file_an_append_holds(tmp_path: Path) -> None:
     assert not spool.pending()
 
 
-async def test_a_replay_lets_the_streams_run_every_few_records(
+async def test_a_replay_lets_the_streams_run_every_few_entries(
     sqlite_target: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ticks = 0

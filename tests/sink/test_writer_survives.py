@@ -317,7 +317,7 @@ async def test_after_an_outage_the_spool_is_replayed_without_being_asked(sqlite_
         await sink.aclose()
 
 
-async def test_unreadable_spool_records_are_quarantined_and_counted(target: Target, tmp_path: Path) -> None:
+async def test_unreadable_spool_entries_are_quarantined_and_counted(target: Target, tmp_path: Path) -> None:
     async with asyncio.timeout(60):
         n = await _spool_while_down(target, tmp_path, ["resp_torn"])
         with target.spool.open("ab") as fh:
