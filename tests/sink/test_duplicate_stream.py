@@ -22,6 +22,16 @@ def make_sink(target: Target, **kw: Any) -> SqlSink:
     return SqlSink(target.url, schema=target.schema, spool_path=target.spool, **kw)
 
 
+async def stored_in_progress(sink: SqlSink, rid: str) -> tuple[Lifecycle, SqlRecorder]:
+    """A stream of ``rid`` whose row is stored ``in_progress``: its lifecycle and recorder."""
+    lc = Lifecycle(info=ResponseInfo(response_id=rid))
+    rec = sink.recorder(lc)
+    lc.transition(State.IN_PROGRESS)
+    rec.changed()
+    await sink.flush()
+    return lc, rec
+
+
 def marked(rid: str, mark: str, n: int, final: str) -> list[dict[str, Any]]:
     """A stream whose deltas say which stream they came from."""
     deltas = [{"type": "response.output_text.delta", "delta": f"{mark}{i}"} for i in range(n)]
@@ -181,11 +191,7 @@ async def test_a_spooled_batch_without_a_stream_counts_as_the_rows_own(target: T
     async with asyncio.timeout(60):
         sink = make_sink(target)
         await sink.start()
-        lc = Lifecycle(info=ResponseInfo(response_id=rid))
-        rec = sink.recorder(lc)
-        lc.transition(State.IN_PROGRESS)
-        rec.changed()
-        await sink.flush()
+        lc, rec = await stored_in_progress(sink, rid)
         other = SqlRecorder(sink.writer, lc)  # another recorder: another stream id, same lifecycle
         other.event(0, "response.output_text.delta", {"type": "response.output_text.delta", "delta": "x"})
         lc.transition(State.COMPLETED)
@@ -217,11 +223,7 @@ async def test_a_stream_that_takes_the_next_attempt_sends_its_later_batches_unde
     async with asyncio.timeout(60):
         sink = make_sink(target)
         await sink.start()
-        first = Lifecycle(info=ResponseInfo(response_id=rid))
-        rec = sink.recorder(first)
-        first.transition(State.IN_PROGRESS)
-        rec.changed()
-        await sink.flush()
+        await stored_in_progress(sink, rid)
         store = ResponseStore(target.url, schema=target.schema)
         assert await store.recover(older_than=timedelta(0)) == [rid]  # attempt 1: interrupted
         await store.aclose()

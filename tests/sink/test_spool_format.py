@@ -425,9 +425,7 @@ def test_wrong_shapes_are_bad_entries_with_a_reason(tmp_path: Path, name: str, f
         reason = "not a spool record"  # a version-0 line is a JSON object, or no record at all
     path = tmp_path / "spool.jsonl"
     line = framed(body) if framing == "v1" else body + b"\n"
-    path.write_bytes(
-        encode_entry(make_batch("resp_before")) + line + encode_entry(make_batch("resp_after"))
-    )
+    path.write_bytes(encode_entry(make_batch("resp_before")) + line + encode_entry(make_batch("resp_after")))
     got = read_all(path)
     assert batches_of(got) == [make_batch("resp_before"), make_batch("resp_after")]
     (bad,) = bad_of(got)

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from eventguard.lifecycle import Lifecycle, ResponseInfo, State
 from eventguard.sink import SqlSink, quarantine
 from eventguard.sink import replay as replaymod
 from eventguard.sink.apply import Stopped
@@ -27,8 +26,8 @@ from eventguard.sink.batch import Batch
 from eventguard.sink.spool import Spool
 from eventguard.sql.tables import events, responses
 
-from .conftest import Target
-from .helpers import delta, run_guarded, script
+from .conftest import Overflowing, Target
+from .helpers import run_guarded, script
 from .test_spool_format import make_batch
 
 
@@ -97,20 +96,13 @@ async def _false(value: bool) -> bool:
     return not value
 
 
-async def test_an_overflow_spill_is_replayed_without_a_restart(target: Target) -> None:
+async def test_an_overflow_spill_is_replayed_without_a_restart(target: Target, overflow: Overflowing) -> None:
     async with asyncio.timeout(60):
         sink = make_sink(target, max_buffered=50, flush_every=10, flush_interval=0.01)
         await sink.start()
-        lc = Lifecycle(info=ResponseInfo(response_id="resp_full"))
-        rec = sink.recorder(lc)
-        lc.transition(State.IN_PROGRESS)
-        rec.changed()
-        for i in range(500):  # no await in between: the writer cannot keep up
-            rec.event(i, "response.output_text.delta", delta(i))
+        full = overflow(sink, "resp_full", 500)
         assert sink.stats.overflows > 0 and sink.spool.pending()
-        lc.transition(State.COMPLETED)
-        rec.changed()
-        await rec.close()
+        await full.complete()
 
         async def loaded() -> bool:
             return await stored(sink, "resp_full") == ("completed", 500)
@@ -175,7 +167,7 @@ async def test_a_replay_lets_the_streams_run_every_few_entries(
 
 
 async def test_an_overflow_leaves_the_quarantine_file_to_the_writer(
-    sqlite_target: Target, monkeypatch: pytest.MonkeyPatch
+    sqlite_target: Target, monkeypatch: pytest.MonkeyPatch, overflow: Overflowing
 ) -> None:
     on_loop: list[bool] = []
     append_file = quarantine.append_file
@@ -194,17 +186,10 @@ async def test_an_overflow_leaves_the_quarantine_file_to_the_writer(
     sink = make_sink(sqlite_target, max_buffered=50, flush_every=10, redact=redact)
     async with asyncio.timeout(60):
         await sink.start()
-        lc = Lifecycle(info=ResponseInfo(response_id="resp_full_redact"))
-        rec = sink.recorder(lc)
-        lc.transition(State.IN_PROGRESS)
-        rec.changed()
-        for i in range(200):  # no await in between: the writer cannot keep up
-            rec.event(i, "response.output_text.delta", delta(i))
+        full = overflow(sink, "resp_full_redact", 200)
         assert sink.stats.overflows > 0
         assert on_loop == [], "the hot path appended to the quarantine file itself"
-        lc.transition(State.COMPLETED)
-        rec.changed()
-        await rec.close()
+        await full.complete()
         await sink.aclose()
     assert on_loop == [False]  # appended once, in a thread
     [record] = quarantine.read_file(sink.quarantine_path)
