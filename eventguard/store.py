@@ -27,8 +27,8 @@ from eventguard.records import (
     Stats,
     TransitionRecord,
 )
-from eventguard.sink import storable
 from eventguard.sql import engine as _db
+from eventguard.sql import storable
 from eventguard.sql.tables import ENDED, ID, STATES, anomalies, events, responses, transitions
 
 __all__ = ["ResponseStore", "stored_id"]
@@ -289,7 +289,7 @@ def stored_id(response_id: str) -> str:
     """The id under which the sink stores ``response_id``.
 
     An id that no column can hold as it is (a NUL, a lone surrogate, longer than 255 characters) is
-    stored as ``<escaped prefix>~<hash>`` (see :mod:`eventguard.sink.storable`); every other id,
+    stored as ``<escaped prefix>~<hash>`` (see :mod:`eventguard.sql.storable`); every other id,
     the stored form of one included, is its own key.
     """
     fix = storable.identifier(response_id, ID_LENGTH)

@@ -1,4 +1,4 @@
-"""The rules that make a value storable (eventguard.sink.storable), and the payload encoder that
+"""The rules that make a value storable (eventguard.sql.storable), and the payload encoder that
 uses them: no database needed."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from eventguard.lifecycle import AnomalyKind
 from eventguard.sink.serialise import encode
-from eventguard.sink.storable import (
+from eventguard.sql.storable import (
     REPLACEMENT,
     JsonNotes,
     bounded,
