@@ -40,20 +40,37 @@ RECOVER_OWNER = "eventguard-recover"
 
 
 class ResponseStore:
-    """Queries over the sink's tables. ``url`` as for :class:`eventguard.SqlSink`."""
+    """Queries over the sink's tables.
+
+    :param url: as for :class:`eventguard.SqlSink`; default ``EVENTGUARD_DATABASE_URL``, else
+        ``./eventguard.db``. Not with ``engine``.
+    :param engine: the application's own ``AsyncEngine`` instead of a URL (PostgreSQL: its pool is
+        shared; SQLite: the store opens its own connections to the same file); never disposed by
+        :meth:`aclose`.
+    :param schema: PostgreSQL only: the schema the tables live in.
+    :param pooler_safe: PostgreSQL behind a transaction-mode pooler: no prepared statement caches.
+    :param busy_timeout: SQLite: seconds to wait for another process's write lock (prune, recover).
+    """
 
     def __init__(
         self,
         url: str | URL | None = None,
         *,
+        engine: AsyncEngine | None = None,
         schema: str | None = None,
         pooler_safe: bool = False,
         busy_timeout: float = 30.0,
     ) -> None:
-        self.url = _db.resolve_url(url)
-        engine = _db.create_engine(
-            self.url, schema=schema, pooler_safe=pooler_safe, busy_timeout_ms=int(busy_timeout * 1000)
-        )
+        if engine is not None:
+            if url is not None:
+                raise ValueError("give ResponseStore a url or an engine, not both")
+            self.url = _db.resolve_url(engine.url if isinstance(engine, AsyncEngine) else None)
+            engine = _db.borrow_engine(engine, schema=schema, busy_timeout_ms=int(busy_timeout * 1000))
+        else:
+            self.url = _db.resolve_url(url)
+            engine = _db.create_engine(
+                self.url, schema=schema, pooler_safe=pooler_safe, busy_timeout_ms=int(busy_timeout * 1000)
+            )
         self._engine = engine
         # Reads need no write lock on SQLite; prune/recover use the engine's BEGIN IMMEDIATE.
         self._reader: AsyncEngine = engine.execution_options(**{_db.SQLITE_BEGIN_OPTION: "DEFERRED"})
@@ -68,6 +85,7 @@ class ResponseStore:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Release the store's connections (never the application's, when given ``engine=``)."""
         await self._engine.dispose()
 
     # -- reads -----------------------------------------------------------------------------------

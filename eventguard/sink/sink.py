@@ -47,15 +47,46 @@ FullPolicy: TypeAlias = Literal["spool"]
 class SqlSink:
     """Persists what the guard verified. Pass it as ``guard(..., sink=sink)``.
 
-    ``url``: an SQLAlchemy URL; default ``EVENTGUARD_DATABASE_URL``, else ``./eventguard.db``.
-    ``events``: "all" | "finished" | "lifecycle"; ``predicate`` refines it. ``redact`` rewrites a
-    payload before it is stored. Flushes happen on lifecycle changes, every ``flush_every``
-    buffered events, and every ``flush_interval`` seconds. ``max_buffered`` bounds the events
-    waiting for the writer (a reference each, ~100 bytes, plus the event it keeps alive): it must
-    cover what the streams forward during one write cycle, which under a thousand concurrent
-    streams spans many turns of the event loop (the default holds 1,000 x 100-event streams
-    started at once on a 2-core machine, with room to spare). ``auto_migrate``: None (default)
-    creates the schema in an empty database but never upgrades an existing one.
+    :param url: an SQLAlchemy URL (``sqlite:///x.db``, ``postgresql://...``; plain driver names are
+        upgraded to aiosqlite and asyncpg); default ``EVENTGUARD_DATABASE_URL``, else
+        ``./eventguard.db``. Not with ``engine``.
+    :param engine: the application's own ``AsyncEngine`` instead of a URL: on PostgreSQL (asyncpg)
+        the sink takes its connections from that engine's pool, on SQLite it opens its own to the
+        same file (see :func:`eventguard.sql.engine.borrow_engine`); either way it never closes or
+        disposes what the application made. It is used on the event loop its pool belongs to.
+    :param schema: PostgreSQL only: the schema the tables live in (a ``search_path``).
+    :param events: which events are stored: ``"all"``, ``"finished"`` (those of responses that
+        ended) or ``"lifecycle"`` (only the lifecycle events); ``predicate`` refines it.
+    :param predicate: ``(event_type, event) -> bool``: store only events it accepts.
+    :param redact: rewrites a payload (a JSON-able value) before it is stored; if it raises, the
+        event is stored without a payload and an anomaly says why.
+    :param flush_every: a flush after this many buffered events (flushes also happen on every
+        lifecycle change and every ``flush_interval`` seconds).
+    :param flush_interval: seconds between flushes of a stream that is forwarding events.
+    :param max_buffered: the events waiting for the writer, at most (a reference each, ~100 bytes,
+        plus the event it keeps alive); past it, ``on_full`` applies. It must cover what the streams
+        forward during one write cycle: the default holds 1,000 x 100-event streams started at
+        once on a 2-core machine, with room to spare.
+    :param on_full: ``"spool"``: the oldest buffered events go to the spool file at once
+        (synchronously, bounded memory; the replay loads them). Blocking is not offered:
+        ``Recorder.event`` is synchronous and cannot wait.
+    :param max_payload_bytes: a payload larger than this is stored cut, with an anomaly.
+    :param spool_path: the spool file (batches the database did not take, replayed later); default
+        beside the SQLite file, else ``./eventguard-spool.jsonl``.
+    :param close_timeout: seconds a guard's final flush may take before it goes on in the
+        background (its batch is spooled if the database does not take it by then).
+    :param busy_timeout: SQLite: seconds to wait for another process's write lock.
+    :param statement_timeout: PostgreSQL: seconds a statement may run before it fails (and its
+        batch is spooled); ``None`` for no limit.
+    :param connect_timeout: PostgreSQL: seconds to open a connection.
+    :param pooler_safe: PostgreSQL behind a transaction-mode pooler (PgBouncer): no prepared
+        statement caches.
+    :param auto_migrate: ``None`` (default) creates the schema in an empty database but never
+        upgrades an existing one; ``True`` upgrades it to this release's head; ``False`` never
+        touches the schema (a mismatch is a :class:`~eventguard.errors.SchemaMismatchError`).
+    :param owner: this sink's name in the rows it writes (the ``owner`` column); default
+        ``host:pid:random``.
+
     The options are read once, here: the writer keeps them.
     """
 
@@ -63,6 +94,7 @@ class SqlSink:
         self,
         url: str | URL | None = None,
         *,
+        engine: AsyncEngine | None = None,
         schema: str | None = None,
         events: EventMode = "all",
         predicate: EventPredicate | None = None,
@@ -83,6 +115,12 @@ class SqlSink:
     ) -> None:
         if on_full != "spool":
             raise ValueError("on_full must be 'spool'")
+        if engine is not None:
+            if url is not None:
+                raise ValueError("give SqlSink a url or an engine, not both")
+            if not isinstance(engine, AsyncEngine):
+                raise TypeError(f"engine= takes a SQLAlchemy AsyncEngine, not {type(engine).__name__}")
+            url = engine.url
         self.url = _db.resolve_url(url)
         self.schema = schema
         self.filter = EventFilter(events, predicate)
@@ -111,6 +149,7 @@ class SqlSink:
             statement_timeout=statement_timeout,
             connect_timeout=connect_timeout,
             pooler_safe=pooler_safe,
+            borrowed=engine,
         )
         spool = Spool(Path(spool_path) if spool_path is not None else self._default_spool())
         #: The writer: the recorders' sink, one task per event loop, the spool's replay.

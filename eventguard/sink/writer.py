@@ -87,6 +87,8 @@ class WriterConfig:
     statement_timeout: float | None
     connect_timeout: float
     pooler_safe: bool
+    #: The application's engine (``SqlSink(engine=...)``): borrowed, never disposed.
+    borrowed: AsyncEngine | None = None
 
     @property
     def write_timeout(self) -> float:
@@ -189,6 +191,13 @@ class Writer:
 
     def _new_engine(self) -> AsyncEngine:
         config = self.config
+        if config.borrowed is not None:
+            return _db.borrow_engine(
+                config.borrowed,
+                schema=config.schema,
+                busy_timeout_ms=int(config.busy_timeout * 1000),
+                statement_timeout=config.statement_timeout,
+            )
         return _db.create_engine(
             config.url,
             schema=config.schema,
