@@ -344,7 +344,9 @@ async def test_hostile_strings_in_every_column(target: Target, store: ResponseSt
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_hostile_owner(target: Target, store: ResponseStore, kind: str) -> None:
+async def test_a_hostile_owner_is_stored_in_every_row(
+    target: Target, store: ResponseStore, kind: str
+) -> None:
     """The sink's ``owner=`` is in every row it writes: one sink per value."""
     case = Case(0, "owner", kind, hostile("owner", kind))
     async with asyncio.timeout(STEP):
@@ -360,7 +362,9 @@ async def test_hostile_owner(target: Target, store: ResponseStore, kind: str) ->
 
 
 @pytest.mark.parametrize("number", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "minus_inf"])
-async def test_non_finite_numbers_in_a_payload(target: Target, store: ResponseStore, number: float) -> None:
+async def test_non_finite_numbers_in_a_payload_are_stored_as_strings_with_an_anomaly(
+    target: Target, store: ResponseStore, number: float
+) -> None:
     rid = "resp_number"
     events = [
         {"type": "response.created", "response": snapshot(rid, "in_progress")},
@@ -391,7 +395,9 @@ async def test_non_finite_numbers_in_a_payload(target: Target, store: ResponseSt
     assert sink.stats.batches_spooled == 0
 
 
-async def test_usage_beyond_64_bits(target: Target, store: ResponseStore) -> None:
+async def test_usage_beyond_64_bits_is_stored_null_with_an_anomaly(
+    target: Target, store: ResponseStore
+) -> None:
     """Not a string, but a row value all the same: a token count no BIGINT holds."""
     rid = "resp_tokens"
     usage = {"input_tokens": 2**80, "output_tokens": -(2**63) - 1, "total_tokens": 2**63 - 1}

@@ -84,7 +84,7 @@ async def test_a_response_recovered_twice_records_each_run_and_the_last_ending(t
     assert kept == []
 
 
-async def test_recovered_twice_by_one_sink(target: Target) -> None:
+async def test_a_response_recovered_twice_by_one_sink_records_each_run(target: Target) -> None:
     async with asyncio.timeout(60):
         sink = make_sink(target)
         await sink.start()
