@@ -32,8 +32,11 @@ class Sizes:
     memory_large: int = 100_000
     peer_events: int = 2_000
     host_rounds: int = 8
-    host_responses_c1: int = 60
-    host_responses_c16: int = 320
+    host_responses_c1: int = 40
+    host_responses_c16: int = 160
+    inflight_streams: int = 1_000
+    inflight_small: int = 100
+    inflight_large: int = 1_000
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -51,6 +54,9 @@ class Sizes:
             host_rounds=2,
             host_responses_c1=8,
             host_responses_c16=32,
+            inflight_streams=50,
+            inflight_small=10,
+            inflight_large=100,
         )
 
 
