@@ -9,7 +9,8 @@ process's resident set (``VmRSS``) and the interpreter's live allocated blocks
 streams add, per stream, over the same process just before they were opened. The two differ: the
 resident set keeps the peak of what was ever alive at once (the allocator keeps freed arenas, and
 the writer's backlog, bounded by ``max_buffered``, is freed once written), the blocks are what is
-alive now.
+alive now. With a sink it also says how often the writer fell ``max_buffered`` events behind
+(``overflows``) and how many batches it spooled instead of writing.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ async def measure(db: str, streams: int, events: int) -> dict[str, Any]:
         async with guard(network_stream(script("warm-up", 500)), asyncio.Event(), sink=s) as g:
             async for _ in g:
                 pass
-        return await hold(lambda i: guard(source(i), asyncio.Event(), sink=s), streams, events, s.flush)
+        got = await hold(lambda i: guard(source(i), asyncio.Event(), sink=s), streams, events, s.flush)
+        return {**got, "spooled": s.stats.batches_spooled, "overflows": s.stats.overflows}
 
 
 def main(argv: list[str]) -> None:

@@ -59,7 +59,9 @@ async def run(sizes: Sizes) -> list[Row]:
                 absolute=True,
                 note=f"{got[db, small]['blocks_per_stream']:.0f} -> {got[db, large]['blocks_per_stream']:.0f}"
                 f" live blocks per response from {small:,} to {large:,} events; a leak of one object per "
-                "event shows as >= 1",
+                f"event shows as >= 1; the writer fell max_buffered behind {got[db, large]['overflows']} "
+                f"times and spooled {got[db, large]['spooled']:,} batches at {large:,} events "
+                f"({got[db, small]['overflows']} / {got[db, small]['spooled']:,} at {small:,})",
             ),
             Row(
                 ITEM,
