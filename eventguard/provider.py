@@ -27,9 +27,10 @@ What the host relies on, and how it holds here (each checked against the install
   of one response are serialised by its row lock); values are serialised at call time (the host
   mutates what it passed) and every getter decodes a fresh copy. Envelopes and items are stored as
   ASCII JSON text, so any JSON value round-trips exactly, ``metadata["_internal_metadata"]``, item
-  ``internal_metadata``, NUL and lone surrogates included; a value JSON cannot hold exactly (a
-  tuple, a non-string key, NaN, an object) is refused with :class:`UnstorableError`, never
-  silently changed.
+  ``internal_metadata``, NUL and lone surrogates included, and the ``datetime`` the host's
+  resilient checkpoints carry in ``created_at``; a value JSON cannot hold exactly (a tuple, a
+  non-string key, NaN, another object) is refused with :class:`UnstorableError`, never silently
+  changed.
 - **Partitioned by ``context.user_id_key``**: ``None`` (or no context), ``""`` and each named user
   are separate partitions, on both upstream ends. (2.4.0b1's own stores do the same; 2.2.0b1's
   in-memory store ignored the context and kept one partition. The host passes the same context on
@@ -48,6 +49,7 @@ What the host relies on, and how it holds here (each checked against the install
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -108,18 +110,45 @@ class ProviderStorageError(ResponseStoreError, ResponseStoreCorruptionError):
 # -- encoding: exact values as text any column holds -------------------------------------------------
 
 
+#: How a ``datetime`` travels in the stored JSON (the host's resilient checkpoints carry one in
+#: ``created_at``): ``{TAG: isoformat}``, read back as the same ``datetime``. A real object spelt
+#: like that would read back as a datetime: the round-trip check refuses it instead.
+DATETIME_TAG = "$eventguard.datetime"
+
+
+def _encode_other(value: object) -> object:
+    if isinstance(value, datetime):
+        return {DATETIME_TAG: value.isoformat()}
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _decode_object(obj: dict[str, Any]) -> object:
+    if len(obj) == 1 and DATETIME_TAG in obj and isinstance(obj[DATETIME_TAG], str):
+        return datetime.fromisoformat(obj[DATETIME_TAG])
+    return obj
+
+
+def _loads(text: str) -> Any:
+    # The object hook costs a Python call per object: only text holding the tag needs it.
+    if DATETIME_TAG in text:
+        return json.loads(text, object_hook=_decode_object)
+    return json.loads(text)
+
+
 def _dump(value: object, what: str) -> str:
     """``value`` as ASCII JSON text that decodes to an equal value, or :class:`UnstorableError`.
 
-    ASCII, so NUL and lone surrogates travel as ``\\u`` escapes (no column refuses them); the
-    round trip is checked (in C), so a tuple, a non-string key or a bool key is refused rather
-    than stored as something else.
+    ASCII, so NUL and lone surrogates travel as ``\\u`` escapes (no column refuses them); a
+    ``datetime`` travels tagged (:data:`DATETIME_TAG`); the round trip is checked (in C), so a
+    tuple, a non-string key or a bool key is refused rather than stored as something else.
     """
     try:
-        text = json.dumps(value, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+        text = json.dumps(
+            value, ensure_ascii=True, allow_nan=False, separators=(",", ":"), default=_encode_other
+        )
     except (TypeError, ValueError, RecursionError) as exc:
         raise UnstorableError(f"{what} cannot be stored exactly as JSON: {exc}") from None
-    if json.loads(text) != value:
+    if _loads(text) != value:
         raise UnstorableError(
             f"{what} would not read back equal to itself from JSON (a tuple, a non-string key, ...)"
         )
@@ -130,7 +159,7 @@ def _load(text: str | None, what: str) -> Any:
     if text is None:
         raise ProviderStorageError(f"{what} has no stored body")
     try:
-        return json.loads(text)
+        return _loads(text)
     except ValueError as exc:
         raise ProviderStorageError(f"{what} does not decode: {exc}") from exc
 
@@ -316,13 +345,24 @@ class SqlResponseProvider:
                 try:
                     await _migrate.upgrade(self.engine)
                 except SQLAlchemyError:
-                    # Another process may have created it at the same moment: look again.
-                    await _migrate.check(self.engine)
+                    # Another process (the sink, a replica) may be creating it at this moment:
+                    # look again once its transaction has had time to commit.
+                    await self._check_soon()
             elif exc.current and self.auto_migrate is True:
                 await _migrate.upgrade(self.engine)
             else:
                 raise
         self._ready = True
+
+    async def _check_soon(self, attempts: int = 10, pause: float = 0.2) -> None:
+        for attempt in range(attempts):
+            try:
+                await _migrate.check(self.engine)
+                return
+            except SchemaMismatchError:
+                if attempt == attempts - 1:
+                    raise
+                await asyncio.sleep(pause)
 
     async def _has_tables(self) -> bool:
         async with self.engine.connect() as conn:

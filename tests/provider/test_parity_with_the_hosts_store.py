@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -399,6 +400,19 @@ async def test_the_frameworks_internal_metadata_round_trips_exactly(store: Store
         await p.create_response(response, inputs, None)
         assert await p.get_response("resp_meta") == response
         assert await p.get_items(["i1", "o1"]) == [inputs[0], response["output"][0]]
+
+
+async def test_a_datetime_in_a_checkpoint_envelope_reads_back_as_the_same_datetime(store: Store) -> None:
+    """The host's resilient checkpoints carry ``created_at`` as a datetime (found end to end)."""
+    p = store.provider
+    at = datetime(2026, 12, 1, 19, 5, 27, 486978, tzinfo=UTC)
+    naive = datetime(2026, 1, 2, 3, 4, 5)
+    async with asyncio.timeout(T):
+        await p.create_response(envelope("resp_dt", created_at=at), None, None)
+        await p.update_response(envelope("resp_dt", created_at=at, metadata={"n": naive}))
+        got = await p.get_response("resp_dt")
+        assert got == envelope("resp_dt", created_at=at, metadata={"n": naive})
+        assert got["created_at"].tzinfo is not None and got["metadata"]["n"].tzinfo is None
 
 
 @pytest.mark.parametrize("text", HOSTILE, ids=["nul", "surrogate", "ansi-bidi", "unicode", "backslash"])

@@ -32,6 +32,7 @@ UNSTORABLE: list[tuple[str, Any]] = [
     ("infinity", {"temperature": math.inf}),
     ("object", {"metadata": {"o": Odd()}}),
     ("set", {"tools": {"a"}}),
+    ("spelt-like-a-datetime", {"metadata": {"$eventguard.datetime": "2026-01-01T00:00:00"}}),
 ]
 
 
@@ -80,7 +81,7 @@ async def _every_method(p: SqlResponseProvider) -> list[BaseException]:
         p.get_items(["i1"]),
         p.get_history_item_ids("resp_o", "conv", -1),
     ]
-    raised = []
+    raised: list[BaseException] = []
     for call in calls:
         try:
             await call
