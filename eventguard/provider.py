@@ -70,6 +70,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from eventguard.errors import ResponseStoreError, SchemaMismatchError, UnstorableError
+from eventguard.records import EnvelopePruneResult
 from eventguard.sink import storable
 from eventguard.sql import engine as _db
 from eventguard.sql import migrate as _migrate
@@ -82,7 +83,7 @@ from eventguard.sql.tables import (
     provider_responses,
 )
 
-__all__ = ["ProviderStorageError", "SqlResponseProvider"]
+__all__ = ["ProviderStorageError", "SqlResponseProvider", "prune_store"]
 
 log = logging.getLogger(__name__)
 
@@ -789,6 +790,60 @@ class SqlResponseProvider:
             for key, body in rows:
                 found[by_key[key]] = body
         return found
+
+
+async def prune_store(conn: AsyncConnection, cutoff: datetime) -> EnvelopePruneResult:
+    """Expire the response store's rows last written before ``cutoff`` (see
+    :meth:`eventguard.ResponseStore.prune_envelopes`), in the caller's transaction."""
+    r, lk, it, h, c = (
+        provider_responses,
+        provider_links,
+        provider_items,
+        provider_history,
+        provider_conversations,
+    )
+    old = (
+        await conn.execute(
+            select(r.c.pk, r.c.partition, r.c.response_key).where(
+                r.c.updated_at < cutoff, r.c.deleted.is_(True) | r.c.status.in_(_ENDED_ENVELOPE)
+            )
+        )
+    ).all()
+    for start in range(0, len(old), CHUNK):
+        chunk = old[start : start + CHUNK]
+        pks = [row.pk for row in chunk]
+        await conn.execute(delete(lk).where(lk.c.response_pk.in_(pks)))
+        for row in chunk:
+            await conn.execute(
+                delete(c).where(c.c.partition == row.partition, c.c.response_key == row.response_key)
+            )
+        await conn.execute(delete(r).where(r.c.pk.in_(pks)))
+    # What the kept responses still name: their links, and every node of their histories.
+    named = {key for (key,) in await conn.execute(select(lk.c.item_key).distinct())}
+    starts = select(h.c.node, h.c.parent, h.c.item_id).where(
+        h.c.node.in_(select(r.c.history_node).where(r.c.history_node.is_not(None)))
+    )
+    walk = starts.cte("reach", recursive=True)
+    up = h.alias("up")
+    walk = walk.union(select(up.c.node, up.c.parent, up.c.item_id).where(up.c.node == walk.c.parent))
+    reached: set[str] = set()
+    for node, text in await conn.execute(select(walk.c.node, walk.c.item_id)):
+        reached.add(node)
+        named.add(_key(_dec_id(text)))
+    stale = (await conn.execute(select(it.c.partition, it.c.item_key).where(it.c.updated_at < cutoff))).all()
+    gone_items = [stale_item for stale_item in stale if stale_item.item_key not in named]
+    for item_row in gone_items:
+        await conn.execute(
+            delete(it).where(it.c.partition == item_row.partition, it.c.item_key == item_row.item_key)
+        )
+    unreached = [n for (n,) in await conn.execute(select(h.c.node)) if n not in reached]
+    for start in range(0, len(unreached), CHUNK):
+        await conn.execute(delete(h).where(h.c.node.in_(unreached[start : start + CHUNK])))
+    return EnvelopePruneResult(envelopes=len(old), items=len(gone_items), history_nodes=len(unreached))
+
+
+#: Envelope statuses that have ended (the host's terminal statuses).
+_ENDED_ENVELOPE = ("completed", "incomplete", "failed", "cancelled")
 
 
 def _reason(exc: BaseException) -> str:

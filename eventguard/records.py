@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict
 __all__ = [
     "AnomalyRecord",
     "Attempt",
+    "EnvelopePruneResult",
     "EventRecord",
     "History",
     "Page",
@@ -223,6 +224,22 @@ class Stats(_Record):
     duration_ms_p50: float | None
     duration_ms_p90: float | None
     duration_ms_p99: float | None
+
+
+class EnvelopePruneResult(_Record):
+    """How many rows :meth:`~eventguard.ResponseStore.prune_envelopes` deleted from the host's
+    response store (``SqlResponseProvider``'s tables).
+
+    - ``envelopes``: ended or deleted envelopes last written before the cutoff (with their links
+      and conversation memberships).
+    - ``items``: items last written before the cutoff that no kept response still names (as input,
+      output or history).
+    - ``history_nodes``: shared history nodes no kept response reaches any more.
+    """
+
+    envelopes: int
+    items: int
+    history_nodes: int
 
 
 class PruneResult(_Record):
