@@ -70,7 +70,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from eventguard.errors import ResponseStoreError, SchemaMismatchError, UnstorableError
-from eventguard.records import EnvelopePruneResult
+from eventguard.records import EnvelopePruneResult, EnvelopeRecord
 from eventguard.sink import storable
 from eventguard.sql import engine as _db
 from eventguard.sql import migrate as _migrate
@@ -83,7 +83,7 @@ from eventguard.sql.tables import (
     provider_responses,
 )
 
-__all__ = ["ProviderStorageError", "SqlResponseProvider", "prune_store"]
+__all__ = ["ProviderStorageError", "SqlResponseProvider", "prune_store", "read_envelopes"]
 
 log = logging.getLogger(__name__)
 
@@ -795,6 +795,42 @@ class SqlResponseProvider:
             for key, body in rows:
                 found[by_key[key]] = body
         return found
+
+
+async def read_envelopes(conn: AsyncConnection, shown_id: str) -> list[EnvelopeRecord]:
+    """Every partition's envelope stored under the sink's id ``shown_id``, with its items (see
+    :meth:`eventguard.ResponseStore.envelopes`), in the caller's transaction."""
+    r = provider_responses
+    rows = (
+        await conn.execute(
+            select(r.c.pk, r.c.partition, r.c.status, r.c.deleted, r.c.updated_at, r.c.body, r.c.history_node)
+            .where(r.c.response_id == shown_id)
+            .order_by(r.c.pk)
+        )
+    ).all()
+    reader = SqlResponseProvider.__new__(SqlResponseProvider)  # its statements only: no engine
+    reader._sqlite = conn.dialect.name == "sqlite"
+    found = []
+    for row in rows:
+        inputs: list[str] = []
+        outputs: list[str] = []
+        if not row.deleted:
+            inputs = await reader._history(conn, row.history_node)
+            own, outputs = (await reader._links(conn, [row.pk]))[row.pk]
+            inputs += own
+        bodies = await reader._item_bodies(conn, row.partition, [*inputs, *outputs])
+        found.append(
+            EnvelopeRecord(
+                partition=row.partition,
+                status=row.status,
+                deleted=row.deleted,
+                updated_at=row.updated_at,
+                envelope=None if row.body is None else _load(row.body, f"response {shown_id!a}"),
+                input_items=[_load(bodies[i], f"item {i!a}") for i in inputs if i in bodies],
+                output_items=[_load(bodies[i], f"item {i!a}") for i in outputs if i in bodies],
+            )
+        )
+    return found
 
 
 async def prune_store(conn: AsyncConnection, cutoff: datetime) -> EnvelopePruneResult:

@@ -17,6 +17,7 @@ __all__ = [
     "AnomalyRecord",
     "Attempt",
     "EnvelopePruneResult",
+    "EnvelopeRecord",
     "EventRecord",
     "History",
     "Page",
@@ -224,6 +225,25 @@ class Stats(_Record):
     duration_ms_p50: float | None
     duration_ms_p90: float | None
     duration_ms_p99: float | None
+
+
+class EnvelopeRecord(_Record):
+    """A response as the host's SQL response store keeps it (``SqlResponseProvider``), for one user
+    partition: what ``GET /responses/{id}`` and ``/input_items`` serve.
+
+    - ``partition``: ``anonymous``, or the SHA-256 of the host's ``user_id_key``.
+    - ``status``: the envelope's own status; ``deleted``: soft-deleted (``envelope`` is then None).
+    - ``input_items``: the history then the input items, oldest first (ids with no stored item are
+      left out); ``output_items``: the items of its output, in order.
+    """
+
+    partition: str
+    status: str | None
+    deleted: bool
+    updated_at: UtcDatetime
+    envelope: dict[str, Any] | None
+    input_items: list[Any]
+    output_items: list[Any]
 
 
 class EnvelopePruneResult(_Record):

@@ -22,10 +22,10 @@ async def _recorded(db: Database, spool: Path, rid: str, final: str) -> None:
         {**e, "response": {**e["response"], "id": rid}} if "response" in e else e
         for e in stream_events(2, final)
     ]
-    async with SqlSink(db.url, schema=db.schema, spool_path=spool) as sink:
-        async with guard(Scripted(events), asyncio.Event(), sink=sink) as g:
-            async for _ in g:
-                pass
+    sink = SqlSink(db.url, schema=db.schema, spool_path=spool)
+    async with sink, guard(Scripted(events), asyncio.Event(), sink=sink) as g:
+        async for _ in g:
+            pass
 
 
 async def test_verify_reports_a_verified_status_the_envelope_contradicts(
