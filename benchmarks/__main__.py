@@ -1,7 +1,7 @@
 """``python -m benchmarks``: every measurement of issue 5, one table, non-zero exit on a miss.
 
 Options: ``--quick`` (tiny sizes, a smoke test: the figures mean nothing), ``--only NAME``
-(repeatable: overhead, sqlite, postgres, latency, scale, peer), ``--reps N``, ``--out PATH``.
+(repeatable: overhead, sqlite, postgres, latency, scale, peer, provider), ``--reps N``, ``--out PATH``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from . import latency, overhead, peer, scale, throughput
+from . import latency, overhead, peer, provider, scale, throughput
 from ._common import Row, Sizes, now
 from ._report import quiet_eventguard_logs, text, write_results
 
@@ -25,6 +25,7 @@ MEASUREMENTS: dict[str, Callable[[Sizes], Coroutine[Any, Any, list[Row]]]] = {
     "latency": latency.run,
     "scale": scale.run,
     "peer": peer.run,
+    "provider": provider.run,
 }
 RESULTS = Path(__file__).with_name("RESULTS.md")
 
