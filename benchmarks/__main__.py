@@ -1,9 +1,9 @@
 """``python -m benchmarks [PART ...]``: every measurement of issues 5 and 13, one table, exit 1 on a miss.
 
 Parts (all when none is named; ``--only NAME`` is the same, repeatable): overhead, sqlite, postgres,
-latency, scale, peer, host, memory. Options: ``--quick`` (tiny sizes, a smoke test: the figures mean nothing),
-``--reps N``, ``--out PATH``, ``--load N`` (N busy processes compete for the CPU while the parts run),
-``--runs K`` (the parts K times; the table keeps each figure's worst run).
+latency, scale, peer, host, memory, provider. Options: ``--quick`` (tiny sizes, a smoke test: the
+figures mean nothing), ``--reps N``, ``--out PATH``, ``--load N`` (N busy processes compete for
+the CPU while the parts run), ``--runs K`` (the parts K times; the table keeps each figure's worst run).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from . import host, latency, memory, overhead, peer, scale, throughput
+from . import host, latency, memory, overhead, peer, provider, scale, throughput
 from ._common import Row, Sizes, now
 from ._load import busy_processes
 from ._report import quiet_eventguard_logs, text, write_results
@@ -31,6 +31,7 @@ MEASUREMENTS: dict[str, Callable[[Sizes], Coroutine[Any, Any, list[Row]]]] = {
     "peer": peer.run,
     "host": host.run,
     "memory": memory.run,
+    "provider": provider.run,
 }
 RESULTS = Path(__file__).with_name("RESULTS.md")
 

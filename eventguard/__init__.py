@@ -22,9 +22,11 @@ from eventguard.errors import (
     InvalidEvent,
     InvalidQueryError,
     NotAsyncIterable,
+    ResponseStoreError,
     SchemaMismatchError,
     SinkLoopError,
     StorageError,
+    UnstorableError,
 )
 from eventguard.guard import Guard, GuardOptions, guard
 from eventguard.lifecycle import (
@@ -44,6 +46,7 @@ from eventguard.lifecycle import (
 from eventguard.recording import Recorder, Sink
 
 if _typing.TYPE_CHECKING:
+    from eventguard.provider import SqlResponseProvider
     from eventguard.records import (
         AnomalyRecord,
         Attempt,
@@ -77,6 +80,7 @@ _LAZY: dict[str, str] = {
     "EventFilter": "eventguard.sink",
     "Redactor": "eventguard.sink",
     "ResponseStore": "eventguard.store",
+    "SqlResponseProvider": "eventguard.provider",
     "SqlSink": "eventguard.sink",
 }
 
@@ -129,15 +133,18 @@ __all__ = [
     "ResponseInfo",
     "ResponseRecord",
     "ResponseStore",
+    "ResponseStoreError",
     "SchemaMismatchError",
     "Sink",
     "SinkLoopError",
+    "SqlResponseProvider",
     "SqlSink",
     "State",
     "Stats",
     "StorageError",
     "Transition",
     "TransitionRecord",
+    "UnstorableError",
     "Usage",
     "__version__",
     "decide",

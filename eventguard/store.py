@@ -19,6 +19,8 @@ from eventguard.errors import InvalidQueryError
 from eventguard.records import (
     AnomalyRecord,
     Attempt,
+    EnvelopePruneResult,
+    EnvelopeRecord,
     EventRecord,
     History,
     Page,
@@ -221,6 +223,27 @@ class ResponseStore:
             if not keep_summary:
                 gone = (await conn.execute(delete(responses).where(r.response_id.in_(old)))).rowcount
         return PruneResult(responses=gone, events=counts[0], transitions=counts[1], anomalies=counts[2])
+
+    async def envelopes(self, response_id: str) -> list[EnvelopeRecord]:
+        """What the host's SQL response store holds for ``response_id``: one record per user
+        partition that has it (none when the host's store is another one)."""
+        from eventguard.provider import read_envelopes
+
+        async with self._reader.begin() as conn:
+            return await read_envelopes(conn, stored_id(response_id))
+
+    async def prune_envelopes(self, *, older_than: timedelta | datetime) -> EnvelopePruneResult:
+        """Expire the host's response store (``SqlResponseProvider``) by age, in one transaction.
+
+        Envelopes that ended (or were deleted) and were last written before ``older_than`` go, with
+        their links; items last written before it go unless a kept response still names them (as
+        input, output, or anywhere in its history); history nodes no kept response reaches go.
+        Envelopes still in progress are never expired.
+        """
+        from eventguard.provider import prune_store
+
+        async with self._engine.begin() as conn:
+            return await prune_store(conn, _cutoff(older_than))
 
     async def recover(
         self,

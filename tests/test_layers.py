@@ -34,7 +34,9 @@ DESIGN = ROOT / "docs" / "design.md"
 
 #: Who may import the host's packages, and who may import uvicorn/openai (module-name prefixes).
 HOST_PACKAGES = ("agent_framework", "azure.ai.agentserver")
-HOST_IMPORTERS = ("eventguard.foundry", "eventguard.testing", "eventguard.demo")
+# eventguard.provider implements the host's ResponseProviderProtocol and must raise its exception
+# classes (the host catches ResponseAlreadyExistsError by class).
+HOST_IMPORTERS = ("eventguard.foundry", "eventguard.provider", "eventguard.testing", "eventguard.demo")
 CLIENT_PACKAGES = ("uvicorn", "openai")
 CLIENT_IMPORTERS = ("eventguard.testing", "eventguard.demo", "eventguard.cli")
 
