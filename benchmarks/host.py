@@ -11,7 +11,9 @@ rotates from round to round, so machine noise falls on every variant alike. Befo
 the host's state folder (``AGENTSERVER_STATE_ROOT``: its stored responses and sessions) is emptied
 through the server's ``/_bench/reset`` route and garbage collected. Each figure is a ratio to the
 unguarded server in the same round; the table shows the median over the rounds, the note its spread.
-"Lost" is the events the clients received minus the events that reached the database.
+"Lost" is the events the clients received minus the events that reached the database. With the
+PostgreSQL sink, the CPU time of the database backends serving the server's connections is reported
+too (found in ``pg_stat_activity`` by the server's client ports): it is not in the server's own.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg  # type: ignore[import-untyped]
 import httpx
+import psutil  # type: ignore[import-untyped,unused-ignore]
 
-from ._common import Row, Sizes, median
+from ._common import PG_DSN, Row, Sizes, median
 from ._sinks import pg_count, pg_schema, pg_unreachable, sqlite_count
 
 NAME = "host"
@@ -140,11 +144,34 @@ async def servers(variants: list[str]) -> AsyncIterator[dict[str, Server]]:
             await asyncio.gather(*(stop_server(s) for s in running))
 
 
+async def pg_backends(server_pid: int) -> dict[int, float]:
+    """CPU seconds so far of each PostgreSQL backend serving one of ``server_pid``'s connections."""
+    proc = psutil.Process(server_pid)
+    connections = getattr(proc, "net_connections", None) or proc.connections  # psutil < 6: connections
+    ports = [c.laddr.port for c in connections(kind="tcp") if c.raddr and c.raddr.port == 5432]
+    if not ports:
+        return {}
+    conn = await asyncpg.connect(PG_DSN)
+    try:
+        rows = await conn.fetch("SELECT pid FROM pg_stat_activity WHERE client_port = ANY($1::int[])", ports)
+    finally:
+        await conn.close()
+    cpu: dict[int, float] = {}
+    for row in rows:
+        try:
+            t = psutil.Process(row["pid"]).cpu_times()
+        except psutil.Error:  # the backend ended in between: its time is gone with it
+            continue
+        cpu[row["pid"]] = t.user + t.system
+    return cpu
+
+
 async def measure(server: Server, concurrency: int, n: int) -> dict[str, Any]:
     """Reset the host's state, run the client once, count what reached the database."""
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
         (await http.post("/_bench/reset")).raise_for_status()
     before = await server.stored()
+    pg_before = await pg_backends(server.pid) if server.variant == "postgres" else {}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -164,6 +191,10 @@ async def measure(server: Server, concurrency: int, n: int) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
     after = await server.stored()
     result["stored"] = None if before is None or after is None else after - before
+    if server.variant == "postgres":
+        pg_after = await pg_backends(server.pid)
+        # A backend that appeared during the run spent all its time on it.
+        result["pg_cpu"] = sum(t - pg_before.get(pid, 0.0) for pid, t in pg_after.items())
     return result
 
 
@@ -241,6 +272,18 @@ def rows_for(
             stored = sum(int(r["stored"]) for r in runs[v])
             spooled = max(int(r["spooled"]) for r in runs[v])
             sizes = sorted({e for r in runs[v] for e in r["events_per_response"]})
+            if v == "postgres":
+                per = [r["pg_cpu"] / (n + concurrency) * 1000 for r in runs[v]]
+                rows.append(
+                    Row(
+                        ITEM,
+                        f"c={concurrency}, {LABEL[v]}: PostgreSQL backends' CPU per response",
+                        median(per),
+                        "ms",
+                        note=f"not in the server CPU above; warm-ups included; spread {min(per):.3g}-"
+                        f"{max(per):.3g} ms over {rounds} rounds",
+                    )
+                )
             rows.append(
                 Row(
                     ITEM,
