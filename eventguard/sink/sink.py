@@ -179,6 +179,16 @@ class SqlSink:
         return self.writer.engine
 
     @property
+    def ready(self) -> bool:
+        """``start()`` (or a first write) checked the schema: the sink writes to the database."""
+        return self.writer.ready
+
+    @property
+    def closed(self) -> bool:
+        """``aclose()`` ran: every stream was flushed and the connections released."""
+        return self.writer.closed
+
+    @property
     def quarantine_path(self) -> Path:
         """Where quarantine records go when the quarantine table cannot be written."""
         return quarantine.file_path(self.spool.path)

@@ -166,6 +166,11 @@ class Writer:
         self._ready = False
 
     @property
+    def ready(self) -> bool:
+        """The schema was checked (or created) and the writer may write."""
+        return self._ready
+
+    @property
     def name(self) -> str:
         """The sink's name in log lines and task names (its URL without the password)."""
         return f"SqlSink({_db.safe_url(self.config.url)!r})"

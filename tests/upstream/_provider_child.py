@@ -86,7 +86,7 @@ def main(url: str, schema: str, port: int, runner: str, which: str) -> None:
         await close()
         sink = storage.sink
         assert sink is not None
-        closed = {"sink_closed": bool(getattr(sink, "_closed", False)), "spooled": sink.stats.batches_spooled}
+        closed = {"sink_closed": sink.closed, "spooled": sink.stats.batches_spooled}
         print("CLOSED " + json.dumps(closed), flush=True)
 
     storage.aclose = closing  # type: ignore[method-assign]

@@ -60,9 +60,9 @@ async def test_the_app_lifespan_opens_and_closes_both(tmp_path: Path) -> None:
     assert storage is not None and storage.sink is not None and storage.provider is not None
     async with asyncio.timeout(30):
         async with server.router.lifespan_context(server):
-            assert storage.sink._ready and storage.provider._ready
+            assert storage.sink.ready and storage.provider._ready
             await storage.provider.create_response({"id": "resp_life", "status": "queued"}, None, None)
-        assert storage.sink._closed
+        assert storage.sink.closed
         # The store's own pool is gone, the rows are not: a new engine reads them.
         again = SqlResponseProvider(storage.provider.url)
         assert (await again.get_response("resp_life"))["status"] == "queued"
