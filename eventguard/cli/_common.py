@@ -364,6 +364,8 @@ class SafeGroup(TyperGroup):
 
 
 def _clean_usage_error(exc: Exception, argv: Iterable[Any]) -> None:
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        return  # click >= 8.2 raises the help of a bare group as a usage error: our text, many lines
     secrets = remember_secrets(*(str(arg) for arg in argv if "://" in str(arg)))
     for name in ("message", "ui_filename"):
         value = getattr(exc, name, None)
