@@ -55,6 +55,18 @@ DatabaseUrl = Annotated[
     ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of tables.")]
+#: The environment variable ``--schema`` falls back to.
+ENV_SCHEMA = "EVENTGUARD_SCHEMA"
+Schema = Annotated[
+    str | None,
+    typer.Option(
+        "--schema",
+        envvar=ENV_SCHEMA,
+        show_envvar=True,
+        help="PostgreSQL schema of eventguard's tables (as SqlSink(schema=...)). Default: the search path.",
+        show_default=False,
+    ),
+]
 
 # Nothing we print is read as rich markup or :emoji: codes: stored data goes through printable()
 # and reaches rich as plain text.
@@ -128,8 +140,20 @@ def scrub(text: str, secrets: Iterable[str] = ()) -> str:
     return _db.scrub(text, {*_SECRETS, *secrets})
 
 
-def resolve(url: str | None) -> URL:
-    """The database URL, parsed and checked; a bad one is a one-line error (never with its password)."""
+def resolve(url: str | None, schema: str | None = None) -> URL:
+    """The database URL, parsed and checked; a bad one is a one-line error (never with its password).
+
+    Args:
+        url: ``--database-url`` (None: ``EVENTGUARD_DATABASE_URL``, else the default SQLite file).
+        schema: ``--schema``, checked against the URL: only PostgreSQL has schemas.
+    """
+    resolved = _resolve(url)
+    if schema is not None and resolved.get_backend_name() != "postgresql":
+        fail(f"--schema {schema!r} is a PostgreSQL setting: an SQLite database has one schema")
+    return resolved
+
+
+def _resolve(url: str | None) -> URL:
     remember_secrets(url)
     raw = url if url is not None else os.environ.get(_db.ENV_URL) or None
     if raw is not None:
@@ -160,8 +184,8 @@ def ensure_exists(url: URL) -> None:
         )
 
 
-async def check_schema(url: URL) -> None:
-    engine = _db.create_engine(url)
+async def check_schema(url: URL, schema: str | None = None) -> None:
+    engine = _db.create_engine(url, schema=schema)
     try:
         await _migrate.check(engine)
     finally:
@@ -223,16 +247,31 @@ def _url_or_none(url: object) -> URL | None:
         return None
 
 
-def register(app: typer.Typer, fn: Callable[..., Any], name: str | None = None) -> None:
-    """Register ``fn`` as the command ``name`` of ``app``, its errors handled (:func:`handled`)."""
-    app.command(name)(handled(fn))
+def register(
+    app: typer.Typer,
+    fn: Callable[..., Any],
+    name: str | None = None,
+    *,
+    context_settings: dict[str, Any] | None = None,
+) -> None:
+    """Register ``fn`` as the command ``name`` of ``app``, its errors handled (:func:`handled`).
+
+    Args:
+        app: the typer application or group.
+        fn: the command.
+        name: its name (default: ``fn``'s).
+        context_settings: click's, for this command (e.g. ``ignore_unknown_options``).
+    """
+    app.command(name, context_settings=context_settings)(handled(fn))
 
 
-def command(app: typer.Typer, name: str | None = None) -> Callable[[Callable[P, T]], Callable[P, T]]:
+def command(
+    app: typer.Typer, name: str | None = None, *, context_settings: dict[str, Any] | None = None
+) -> Callable[[Callable[P, T]], Callable[P, T]]:
     """Decorator form of :func:`register`; returns ``fn`` itself."""
 
     def decorate(fn: Callable[P, T]) -> Callable[P, T]:
-        register(app, fn, name)
+        register(app, fn, name, context_settings=context_settings)
         return fn
 
     return decorate
@@ -377,18 +416,20 @@ def run(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
     return asyncio.run(coro_fn())
 
 
-async def with_store(url: URL, work: Callable[[ResponseStore], Awaitable[T]]) -> T:
+async def with_store(url: URL, work: Callable[[ResponseStore], Awaitable[T]], schema: str | None = None) -> T:
     """Check the database is there and migrated, then run ``work`` with a store on it."""
     ensure_exists(url)
-    await check_schema(url)
-    async with ResponseStore(url) as store:
+    await check_schema(url, schema)
+    async with ResponseStore(url, schema=schema) as store:
         return await work(store)
 
 
-def store_command(url_option: str | None, work: Callable[[ResponseStore], Awaitable[T]]) -> T:
-    """Resolve ``--database-url``, check the database, and run ``work`` with a store on it."""
-    url = resolve(url_option)
-    return run(lambda: with_store(url, work))
+def store_command(
+    url_option: str | None, work: Callable[[ResponseStore], Awaitable[T]], schema: str | None = None
+) -> T:
+    """Resolve ``--database-url`` (and ``--schema``), check the database, run ``work`` with a store on it."""
+    url = resolve(url_option, schema)
+    return run(lambda: with_store(url, work, schema))
 
 
 def emit_json(value: Any) -> None:

@@ -11,6 +11,7 @@ from eventguard.cli._common import (
     Json,
     Policy,
     RecoverPolicy,
+    Schema,
     emit_json,
     parse_duration,
     say,
@@ -28,6 +29,7 @@ def prune(
         bool, typer.Option("--drop-summary", help="Delete the response rows too (default: keep them).")
     ] = False,
     database_url: DatabaseUrl = None,
+    schema: Schema = None,
     json: Json = False,
 ) -> None:
     """Delete the history (events, transitions, anomalies) of responses that ended before the age."""
@@ -36,7 +38,7 @@ def prune(
     async def work(store: ResponseStore) -> PruneResult:
         return await store.prune(older_than=age, keep_summary=not drop_summary)
 
-    result = store_command(database_url, work)
+    result = store_command(database_url, work, schema)
     if json:
         emit_json(result.model_dump(mode="json"))
         return
@@ -51,6 +53,7 @@ def recover(
     policy: Policy = RecoverPolicy.INTERRUPTED,
     limit: Annotated[int, typer.Option("--limit", min=1, max=10_000, help="At most this many.")] = 1000,
     database_url: DatabaseUrl = None,
+    schema: Schema = None,
     json: Json = False,
 ) -> None:
     """Mark responses nobody has written since before the age (a crashed replica) as ended."""
@@ -60,7 +63,7 @@ def recover(
     async def work(store: ResponseStore) -> list[str]:
         return await store.recover(older_than=age, policy=chosen, limit=limit)
 
-    marked = store_command(database_url, work)
+    marked = store_command(database_url, work, schema)
     if json:
         emit_json({"policy": chosen, "marked": marked})
         return

@@ -12,6 +12,7 @@ from eventguard.cli import _query
 from eventguard.cli._common import (
     DatabaseUrl,
     Json,
+    Schema,
     Status,
     command,
     emit_json,
@@ -59,10 +60,11 @@ def list_(
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=10_000, help="At most this many.")] = 50,
     database_url: DatabaseUrl = None,
+    schema: Schema = None,
     json: Json = False,
 ) -> None:
     """Recorded responses, newest first."""
-    url = resolve(database_url)
+    url = resolve(database_url, schema)
     since_at = parse_time(since, "--since") if since is not None else None
 
     async def work(store: ResponseStore) -> list[ResponseRecord]:
@@ -70,7 +72,7 @@ def list_(
             store, status=None if status is None else status.value, since=since_at, limit=limit
         )
 
-    records = run(lambda: with_store(url, work))
+    records = run(lambda: with_store(url, work, schema))
     if json:
         emit_json([r.model_dump(mode="json") for r in records])
         return
@@ -103,16 +105,17 @@ def list_(
 def show(
     response_id: Annotated[str, typer.Argument(help="The response id (resp_... / caresp_...).")],
     database_url: DatabaseUrl = None,
+    schema: Schema = None,
     json: Json = False,
 ) -> None:
     """One response's timeline: its transitions, its events summarised, its anomalies."""
-    url = resolve(database_url)
+    url = resolve(database_url, schema)
 
     async def work(store: ResponseStore) -> History | None:
         return await store.history(response_id)
 
     ensure_exists(url)
-    history = run(lambda: with_store(url, work))
+    history = run(lambda: with_store(url, work, schema))
     if history is None:
         fail(f"unknown response id {response_id!r}")
     if json:

@@ -11,6 +11,7 @@ from eventguard.cli._common import (
     EXIT_FOUND,
     DatabaseUrl,
     Json,
+    Schema,
     emit_json,
     out,
     say,
@@ -22,11 +23,12 @@ from eventguard.verify import VerifyReport, verify
 
 def command(
     database_url: DatabaseUrl = None,
+    schema: Schema = None,
     json: Json = False,
     limit: Annotated[int, typer.Option("--show", min=1, help="Print at most this many disagreements.")] = 100,
 ) -> None:
     """Re-check every stored history against the state machine; exit 1 if any disagrees."""
-    report = store_command(database_url, verify)
+    report = store_command(database_url, verify, schema)
     if json:
         emit_json(
             {

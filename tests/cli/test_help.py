@@ -14,6 +14,8 @@ COMMANDS = [
     ["db", "upgrade"],
     ["db", "downgrade"],
     ["db", "current"],
+    ["db", "stamp"],
+    ["db", "history"],
     ["responses"],
     ["responses", "list"],
     ["responses", "show"],
@@ -32,8 +34,11 @@ def test_help(path: list[str]) -> None:
     assert result.exit_code == 0, result.output
     assert "Usage" in result.output
     if path and path[-1] not in ("db", "responses", "spool"):
-        assert "--database-url" in result.output
         assert "--json" in result.output
+    if path and path[-1] not in ("db", "responses", "spool", "history"):  # history reads no database
+        assert "--database-url" in result.output
+    if path and path[-1] not in ("db", "responses", "spool", "history", "demo"):
+        assert "--schema" in result.output  # every command that reads or writes eventguard's tables
 
 
 def test_no_arguments_shows_help() -> None:
