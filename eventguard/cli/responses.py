@@ -139,18 +139,33 @@ def show(
         ("error", _error(r)),
         ("flags", _flags(r)),
         ("attempts", str(r.attempt)),
-        ("events", str(r.event_count)),
+        ("events", _events(history)),
     ]
     for name, value in details:
         if value:
             say(f"  {name:<14}{value}")
+    if not any(a.transitions or a.events or a.anomalies for a in history.attempts):
+        say("  history       pruned: only this summary row is kept (eventguard prune)")
+        return
     for attempt in history.attempts:
         _print_attempt(attempt, len(history.attempts) > 1)
 
 
+def _events(history: History) -> str:
+    """How many events: those stored, which the row's count (kept at flushes and the end) can lag;
+    the row's count alone once the history is pruned."""
+    stored = sum(len(a.events) for a in history.attempts)
+    count = history.response.event_count
+    if stored == 0 or stored == count:
+        return str(count)
+    return f"{stored} stored" + (f" (the row says {count})" if count else "")
+
+
 def _print_attempt(attempt: Attempt, numbered: bool) -> None:
     suffix = f" (attempt {attempt.attempt})" if numbered else ""
-    start = attempt.transitions[0].at if attempt.transitions else None
+    # The earliest, not the first listed: recover's mark (numbered below zero) is listed first but
+    # comes last in time, and offsets from it were negative ("+-2531 ms").
+    start = min((t.at for t in attempt.transitions), default=None)
     rows: list[list[Any]] = []
     for t in sorted(attempt.transitions, key=lambda t: (t.idx < 0, t.idx if t.idx >= 0 else -t.idx)):
         offset = f"+{(t.at - start).total_seconds() * 1000:.0f} ms" if start is not None else ""
