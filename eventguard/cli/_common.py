@@ -432,6 +432,55 @@ def store_command(
     return run(lambda: with_store(url, work, schema))
 
 
+class Bar:
+    """What a command tells its progress bar: how far it is (and, once known, how far it goes)."""
+
+    def __init__(self, update: Callable[[int, int | None], None] | None = None) -> None:
+        self._update = update
+
+    def update(self, done: int, total: int | None = None) -> None:
+        """``done`` items so far, of ``total`` (None: unknown, or as last said)."""
+        if self._update is not None:
+            self._update(done, total)
+
+
+@contextmanager
+def progress(description: str, *, quiet: bool) -> Iterator[Bar]:
+    """A ``rich.progress`` bar on stderr while a long command runs, only on a terminal.
+
+    With ``quiet`` (``--json``), or when stderr is piped or a file, nothing is drawn and the
+    :class:`Bar` does nothing. The bar is transient: it is gone when the command prints its result.
+    """
+    if quiet or not err.is_terminal:
+        yield Bar()
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err, transient=True) as shown:
+        task = shown.add_task(printable(description), total=None)
+
+        def update(done: int, total: int | None) -> None:
+            if total is not None:
+                shown.update(task, total=total)
+            shown.update(task, completed=done)
+
+        yield Bar(update)
+
+
 def emit_json(value: Any) -> None:
     # ensure_ascii: every control, bidi character and lone surrogate is a \\u escape; valid JSON.
     sys.stdout.write(json.dumps(value, indent=2, default=str, ensure_ascii=True) + "\n")

@@ -14,6 +14,7 @@ from eventguard.cli._common import (
     Schema,
     emit_json,
     parse_duration,
+    progress,
     say,
     store_command,
 )
@@ -38,7 +39,8 @@ def prune(
     async def work(store: ResponseStore) -> PruneResult:
         return await store.prune(older_than=age, keep_summary=not drop_summary)
 
-    result = store_command(database_url, work, schema)
+    with progress(f"pruning history older than {older_than}", quiet=json):
+        result = store_command(database_url, work, schema)
     if json:
         emit_json(result.model_dump(mode="json"))
         return
@@ -63,7 +65,8 @@ def recover(
     async def work(store: ResponseStore) -> list[str]:
         return await store.recover(older_than=age, policy=chosen, limit=limit)
 
-    marked = store_command(database_url, work, schema)
+    with progress(f"recovering responses stuck for more than {older_than}", quiet=json):
+        marked = store_command(database_url, work, schema)
     if json:
         emit_json({"policy": chosen, "marked": marked})
         return

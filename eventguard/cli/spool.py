@@ -17,6 +17,7 @@ from eventguard.cli._common import (
     ensure_exists,
     out,
     printable,
+    progress,
     resolve,
     run,
 )
@@ -60,7 +61,8 @@ def replay(
         finally:
             await sink.aclose()
 
-    path, result, waiting = run(work)
+    with progress("replaying the spool", quiet=json):
+        path, result, waiting = run(work)
     quarantined = result.quarantined
     if json:
         emit_json(

@@ -14,10 +14,12 @@ from eventguard.cli._common import (
     Schema,
     emit_json,
     out,
+    progress,
     say,
     store_command,
     table,
 )
+from eventguard.store import ResponseStore
 from eventguard.verify import VerifyReport, verify
 
 
@@ -28,7 +30,14 @@ def command(
     limit: Annotated[int, typer.Option("--show", min=1, help="Print at most this many disagreements.")] = 100,
 ) -> None:
     """Re-check every stored history against the state machine; exit 1 if any disagrees."""
-    report = store_command(database_url, verify, schema)
+    with progress("verifying stored histories", quiet=json) as bar:
+
+        async def work(store: ResponseStore) -> VerifyReport:
+            total = await store.count()
+            bar.update(0, total)
+            return await verify(store, progress=bar.update)
+
+        report = store_command(database_url, work, schema)
     if json:
         emit_json(
             {
