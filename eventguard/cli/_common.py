@@ -410,6 +410,21 @@ def _clean_usage_error(exc: Exception, argv: Iterable[Any]) -> None:
         value = getattr(exc, name, None)
         if isinstance(value, str):
             setattr(exc, name, one_line(value, secrets))
+    if isinstance(exc, _USAGE_ERROR) and not isinstance(exc, ChoiceError):
+        # click prints a usage error as three lines (usage, a hint, the error): ours are one, like
+        # every other error, with the hint at its end.
+        setattr(exc, "show", functools.partial(_show_usage_error, exc, secrets))  # noqa: B010
+
+
+#: click's usage error, whichever click typer runs on.
+_USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def _show_usage_error(exc: Any, secrets: set[str], file: Any = None) -> None:
+    ctx = getattr(exc, "ctx", None)
+    where = getattr(ctx, "command_path", None) or "eventguard"
+    message = one_line(exc.format_message(), secrets)
+    err.print(Text(f"eventguard: error: {message} (see `{printable(where)} --help`)"), soft_wrap=True)
 
 
 def run(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
