@@ -1,7 +1,9 @@
-"""``python -m benchmarks``: every measurement of issue 5, one table, non-zero exit on a miss.
+"""``python -m benchmarks [PART ...]``: every measurement of issues 5 and 13, one table, exit 1 on a miss.
 
-Options: ``--quick`` (tiny sizes, a smoke test: the figures mean nothing), ``--only NAME``
-(repeatable: overhead, sqlite, postgres, latency, scale, peer), ``--reps N``, ``--out PATH``.
+Parts (all when none is named; ``--only NAME`` is the same, repeatable): overhead, sqlite, postgres,
+latency, scale, peer, host, memory, provider. Options: ``--quick`` (tiny sizes, a smoke test: the
+figures mean nothing), ``--reps N``, ``--out PATH``, ``--load N`` (N busy processes compete for
+the CPU while the parts run), ``--runs K`` (the parts K times; the table keeps each figure's worst run).
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from . import latency, overhead, peer, scale, throughput
+from . import host, latency, memory, overhead, peer, provider, scale, throughput
 from ._common import Row, Sizes, now
+from ._load import busy_processes
 from ._report import quiet_eventguard_logs, text, write_results
+from ._runs import worst
 
 MEASUREMENTS: dict[str, Callable[[Sizes], Coroutine[Any, Any, list[Row]]]] = {
     "overhead": overhead.run,
@@ -25,6 +29,9 @@ MEASUREMENTS: dict[str, Callable[[Sizes], Coroutine[Any, Any, list[Row]]]] = {
     "latency": latency.run,
     "scale": scale.run,
     "peer": peer.run,
+    "host": host.run,
+    "memory": memory.run,
+    "provider": provider.run,
 }
 RESULTS = Path(__file__).with_name("RESULTS.md")
 
@@ -32,23 +39,34 @@ RESULTS = Path(__file__).with_name("RESULTS.md")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: a smoke test")
+    ap.add_argument("parts", nargs="*", metavar="PART", help=f"run only these: {', '.join(MEASUREMENTS)}")
     ap.add_argument("--only", action="append", choices=sorted(MEASUREMENTS), help="run only these")
     ap.add_argument("--reps", type=int, default=None, help="repetitions (default 5; 1 with --quick)")
     ap.add_argument("--out", type=Path, default=None, help="where to write the table (default RESULTS.md)")
+    ap.add_argument("--load", type=int, default=0, help="busy processes competing for the CPU (default 0)")
+    ap.add_argument("--runs", type=int, default=1, help="run the parts K times, keep each figure's worst run")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.parts) - set(MEASUREMENTS))
+    if unknown:
+        ap.error(f"no such part: {', '.join(unknown)} (parts: {', '.join(MEASUREMENTS)})")
 
     sizes = Sizes.quick() if args.quick else Sizes()
     if args.reps is not None:
         sizes = dataclasses.replace(sizes, reps=max(1, args.reps))
-    names = args.only or list(MEASUREMENTS)
+    names = [*args.parts, *(args.only or [])] or list(MEASUREMENTS)
     logs = quiet_eventguard_logs()
-    rows: list[Row] = []
+    runs: list[list[Row]] = []
     start = now()
-    for name in names:
-        t = now()
-        print(f"running {name} ...", file=sys.stderr, flush=True)
-        rows += asyncio.run(MEASUREMENTS[name](sizes))
-        print(f"  {name}: {now() - t:.0f} s", file=sys.stderr, flush=True)
+    with busy_processes(args.load):
+        for k in range(max(args.runs, 1)):
+            rows: list[Row] = []
+            for name in names:
+                t = now()
+                print(f"running {name} (run {k + 1}, load {args.load}) ...", file=sys.stderr, flush=True)
+                rows += asyncio.run(MEASUREMENTS[name](sizes))
+                print(f"  {name}: {now() - t:.0f} s", file=sys.stderr, flush=True)
+            runs.append(rows)
+    rows = worst(runs)
     seconds = now() - start
 
     print(text(rows))

@@ -31,6 +31,12 @@ class Sizes:
     memory_small: int = 100
     memory_large: int = 100_000
     peer_events: int = 2_000
+    host_rounds: int = 8
+    host_responses_c1: int = 40
+    host_responses_c16: int = 160
+    inflight_streams: int = 1_000
+    inflight_small: int = 100
+    inflight_large: int = 1_000
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -45,6 +51,12 @@ class Sizes:
             memory_small=10,
             memory_large=200,
             peer_events=50,
+            host_rounds=2,
+            host_responses_c1=8,
+            host_responses_c16=32,
+            inflight_streams=50,
+            inflight_small=10,
+            inflight_large=100,
         )
 
 
@@ -66,9 +78,13 @@ class Row:
     note: str = ""
     skipped: str = ""
     samples: list[float] = field(default_factory=list)
+    #: A ratio measured in pairs (the median of per-round ratios), shown instead of value / baseline.
+    paired: float | None = None
 
     @property
     def ratio(self) -> float | None:
+        if self.paired is not None:
+            return self.paired
         if self.value is None or not self.baseline:
             return None
         return self.value / self.baseline

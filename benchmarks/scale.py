@@ -20,18 +20,19 @@ from ._sinks import pg_unreachable
 NAME = "scale"
 
 
-async def child(*args: object) -> dict[str, Any]:
+async def child(*args: object, module: str = "benchmarks._child") -> dict[str, Any]:
+    """Run ``python -m module *args`` and return the JSON object it prints last."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "benchmarks._child",
+        module,
         *map(str, args),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     out, err = await proc.communicate()
     if proc.returncode != 0:
-        raise RuntimeError(f"benchmarks._child {args} failed:\n{err.decode()[-2000:]}")
+        raise RuntimeError(f"{module} {args} failed:\n{err.decode()[-2000:]}")
     result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
     return result
 

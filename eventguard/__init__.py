@@ -27,9 +27,11 @@ from eventguard.errors import (
     InvalidEvent,
     InvalidQueryError,
     NotAsyncIterable,
+    ResponseStoreError,
     SchemaMismatchError,
     SinkLoopError,
     StorageError,
+    UnstorableError,
 )
 from eventguard.guard import Guard, GuardOptions, guard
 from eventguard.lifecycle import (
@@ -49,6 +51,7 @@ from eventguard.lifecycle import (
 from eventguard.recording import Recorder, Sink
 
 if _typing.TYPE_CHECKING:
+    from eventguard.provider import SqlResponseProvider
     from eventguard.records import (
         AnomalyRecord,
         Attempt,
@@ -84,6 +87,7 @@ _LAZY: dict[str, str] = {
     "EventFilter": "eventguard.sink",
     "Redactor": "eventguard.sink",
     "ResponseStore": "eventguard.store",
+    "SqlResponseProvider": "eventguard.provider",
     "SqlSink": "eventguard.sink",
     "include_object": "eventguard.sql.migrate",
     "metadata": "eventguard.sql.tables",
@@ -138,15 +142,18 @@ __all__ = [
     "ResponseInfo",
     "ResponseRecord",
     "ResponseStore",
+    "ResponseStoreError",
     "SchemaMismatchError",
     "Sink",
     "SinkLoopError",
+    "SqlResponseProvider",
     "SqlSink",
     "State",
     "Stats",
     "StorageError",
     "Transition",
     "TransitionRecord",
+    "UnstorableError",
     "Usage",
     "__version__",
     "decide",

@@ -7,10 +7,12 @@ the flags at the moment the inner stream produced its terminal (or ended) and pa
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from eventguard.lifecycle import Cause, State
 
@@ -25,9 +27,13 @@ __all__ = [
     "Flags",
     "Forward",
     "decide",
+    "exit_ending",
     "settle",
     "unverified",
 ]
+
+
+_EXITING_DEPRECATED: Final = "Flags.process_exiting is deprecated: it is called process_shutdown now"
 
 
 class Ending(Enum):
@@ -59,18 +65,48 @@ class Forward(Enum):
     CANCELLED = "cancelled"  # a response.failed with status cancelled (on_cancel="emit")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Flags:
-    """The cause flags, as they were at one moment."""
+    """The cause flags, as they were at one moment.
 
+    ``Flags(signal, client_cancelled, shutdown, process_shutdown)``; the keyword ``process_exiting=``
+    and the attribute ``process_exiting`` are deprecated names of ``process_shutdown`` (they warn).
+    """
+
+    #: The host's cancellation signal is set (client cancel, steering, or a shutdown path).
     signal: bool = False
+    #: The host says the client cancelled (or disconnected from) this response.
     client_cancelled: bool = False
+    #: The host told this response it is shutting down (its context's ``shutdown`` flag).
     shutdown: bool = False
     #: The server process has begun shutting down (SIGTERM), whether or not the host told this response.
     #: It explains a stream that did not end by a terminal of its own (cancelled, raised, cut off: the
     #: exit is the likeliest cause, as the host itself assumes); it never turns a terminal into a failure
     #: (a background run the host was not told about may well complete before the process exits).
-    process_exiting: bool = False
+    process_shutdown: bool = False
+
+    def __init__(
+        self,
+        signal: bool = False,
+        client_cancelled: bool = False,
+        shutdown: bool = False,
+        process_shutdown: bool = False,
+        *,
+        process_exiting: bool | None = None,
+    ) -> None:
+        if process_exiting is not None:
+            warnings.warn(_EXITING_DEPRECATED, DeprecationWarning, stacklevel=2)
+            process_shutdown = process_shutdown or process_exiting
+        object.__setattr__(self, "signal", signal)
+        object.__setattr__(self, "client_cancelled", client_cancelled)
+        object.__setattr__(self, "shutdown", shutdown)
+        object.__setattr__(self, "process_shutdown", process_shutdown)
+
+    @property
+    def process_exiting(self) -> bool:
+        """Deprecated: ``process_shutdown``."""
+        warnings.warn(_EXITING_DEPRECATED, DeprecationWarning, stacklevel=2)
+        return self.process_shutdown
 
     @property
     def steering(self) -> bool:
@@ -126,7 +162,7 @@ def _decide(ending: Ending, flags: Flags, on_cancel: str, *, keep: bool, recover
     if ending in TERMINAL_ENDINGS:
         return _decide_terminal(ending, flags, keep=keep)
 
-    if flags.shutdown or flags.process_exiting:
+    if flags.shutdown or flags.process_shutdown:
         state = State.INTERRUPTED if recoverable else State.FAILED
         forward = Forward.NOTHING
         return Decision(forward, state, Cause.SHUTDOWN, f"shutdown; inner {ending.value}")
@@ -154,6 +190,17 @@ def _decide(ending: Ending, flags: Flags, on_cancel: str, *, keep: bool, recover
         return Decision(Forward.NOTHING, State.FAILED, Cause.ABANDONED, "the host stopped iterating")
     # CLOSED_EARLY with no cause flag: the consumer walked away before the end.
     return Decision(Forward.NOTHING, State.FAILED, Cause.CLOSED_EARLY, "closed before the inner stream ended")
+
+
+def exit_ending(exc: BaseException | None) -> Ending:
+    """How the exception an ``async with guard(...)`` body exits with (``exc``; None: none) ends a
+    stream the guard had not finished: a cancel thrown into the host's handler (a foreground disconnect
+    with store=false) is a cancel, not a consumer that walked away."""
+    if exc is None or isinstance(exc, GeneratorExit):
+        return Ending.CLOSED_EARLY
+    if isinstance(exc, asyncio.CancelledError):
+        return Ending.RAISED_CANCELLED
+    return Ending.RAISED if isinstance(exc, Exception) else Ending.RAISED_BASE
 
 
 _RAISED = frozenset({Ending.RAISED, Ending.RAISED_CANCELLED, Ending.RAISED_BASE})

@@ -14,7 +14,10 @@ An error that is also a misuse of Python's own kind derives from that builtin to
     ├── SinkLoopError           (also RuntimeError) an SqlSink used from two event loops at once
     └── StorageError            the database: eventguard's storage errors
         ├── SchemaMismatchError the database's schema is not the one this version writes
-        └── InvalidQueryError   (also ValueError) a query argument the store cannot use
+        ├── InvalidQueryError   (also ValueError) a query argument the store cannot use
+        ├── ResponseStoreError  the host's response store (SqlResponseProvider) could not use
+        │                       the database: never a KeyError, which the host reads as "not found"
+        └── UnstorableError     (also ValueError) a value the response store cannot keep exactly
 
 None of them needs SQLAlchemy: importing this module is cheap.
 """
@@ -34,9 +37,11 @@ __all__ = [
     "InvalidEvent",
     "InvalidQueryError",
     "NotAsyncIterable",
+    "ResponseStoreError",
     "SchemaMismatchError",
     "SinkLoopError",
     "StorageError",
+    "UnstorableError",
 ]
 
 
@@ -111,3 +116,21 @@ class SchemaMismatchError(StorageError):
 
 class InvalidQueryError(StorageError, ValueError):
     """A query argument the store cannot use (a bad cursor, an unknown status, ...)."""
+
+
+class ResponseStoreError(StorageError):
+    """The host's response store (:class:`~eventguard.SqlResponseProvider`) could not read or write
+    the database: it is away, locked, at another schema, or a stored row does not decode.
+
+    Raised instead of ``KeyError``, which the host takes for "not found" (and, on recovery, as the
+    signal to drop a response for good). What the provider raises is also the host's
+    ``ResponseStoreCorruptionError`` (see ``eventguard.provider.ProviderStorageError``).
+    """
+
+
+class UnstorableError(StorageError, ValueError):
+    """A value the response store cannot keep exactly: not JSON (an object, a set), or JSON only
+    after a change (a tuple, a non-string key, NaN), or an id that is not a string.
+
+    Refused rather than stored changed: what the host reads back must equal what it wrote.
+    """

@@ -26,6 +26,7 @@ user of the host).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -37,9 +38,13 @@ from eventguard.guard import Guard, GuardOptions, info_from_context
 from eventguard.lifecycle import ResponseInfo
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from eventguard.provider import SqlResponseProvider
     from eventguard.recording import Sink
 
-__all__ = ["GuardedResponses", "GuardedResponsesHostServer", "guarded_server", "response_info"]
+__all__ = ["GuardedResponses", "GuardedResponsesHostServer", "Storage", "guarded_server", "response_info"]
 
 OnCancel = Literal["omit", "emit"]
 T = TypeVar("T", bound=type)
@@ -80,6 +85,15 @@ class GuardedResponses:
     - ``keep_shutdown_completion`` (``eventguard_keep_shutdown_completion``): keep a ``completed``
       produced after shutdown was signalled (recorded as unverified) instead of failing it.
     - ``on_guard``: called with each new :class:`~eventguard.Guard`, before its first event.
+    - ``database`` (``eventguard_database``): one URL or ``AsyncEngine`` for everything: an
+      :class:`~eventguard.SqlSink` for the guards (unless ``sink=`` is given; ``sink=None`` keeps
+      only the store) and an :class:`~eventguard.SqlResponseProvider` as the host's response store
+      (``response_store=`` on newer hosts, ``store=`` on 1.0.0b260918; unless you pass one of those
+      yourself). ``schema`` is the PostgreSQL schema; ``migrate``: ``None`` creates the schema in an
+      empty database, ``True`` also upgrades an older one, ``False`` only checks. What ``database``
+      builds lives as long as the server: the sink and the store are opened when the app starts
+      (schema checked, a leftover spool replayed) and closed when it stops, after the host's own
+      shutdown, so the last guard's events are flushed first.
 
     The last guards are kept by response id (:meth:`guard_for`, bounded by ``eventguard_keep_guards``),
     for tests and diagnostics. A resilient server's stored background runs stopped by shutdown are
@@ -91,6 +105,7 @@ class GuardedResponses:
     eventguard_cancel_grace: ClassVar[float | None] = 10.0
     eventguard_keep_shutdown_completion: ClassVar[bool] = False
     eventguard_keep_guards: ClassVar[int] = 256
+    eventguard_database: ClassVar[str | URL | AsyncEngine | None] = None
 
     def __init__(
         self,
@@ -100,8 +115,25 @@ class GuardedResponses:
         cancel_grace: float | None = _UNSET,
         keep_shutdown_completion: bool = _UNSET,
         on_guard: Callable[[Guard], None] | None = None,
+        database: str | URL | AsyncEngine | None = _UNSET,
+        schema: str | None = None,
+        migrate: bool | None = None,
         **kwargs: Any,
     ) -> None:
+        if database is _UNSET:
+            database = self.eventguard_database
+        #: What ``database=`` built (opened and closed with the app), or None.
+        self.eventguard_storage: Storage | None = None
+        if database is not None:
+            keyword = _store_keyword()
+            wants_store = "store" not in kwargs and "response_store" not in kwargs
+            self.eventguard_storage = Storage.build(
+                database, schema=schema, migrate=migrate, sink=sink is _UNSET, provider=wants_store
+            )
+            if self.eventguard_storage.sink is not None:
+                sink = self.eventguard_storage.sink
+            if self.eventguard_storage.provider is not None:
+                kwargs[keyword] = self.eventguard_storage.provider
         self._eventguard_sink: Sink | None = self.eventguard_sink if sink is _UNSET else sink
         #: The options of every guard of this server (``recoverable`` is set per response).
         self._eventguard_options = GuardOptions(
@@ -130,7 +162,10 @@ class GuardedResponses:
         router = getattr(self, "router", None)
         lifespan = getattr(router, "lifespan_context", None)
         if lifespan is not None:
-            router.lifespan_context = _noting_shutdown(lifespan, self._eventguard_exiting)  # type: ignore[union-attr]
+            wrapped = _noting_shutdown(lifespan, self._eventguard_exiting)
+            if self.eventguard_storage is not None:
+                wrapped = _owning(wrapped, self.eventguard_storage)
+            router.lifespan_context = wrapped  # type: ignore[union-attr]
 
     @property
     def _eventguard_on_cancel(self) -> OnCancel:
@@ -214,6 +249,88 @@ def _noting_shutdown(
                 exiting.set()  # the server is shutting the app down: the host's shutdown runs next
 
     return noting
+
+
+def _store_keyword() -> str:
+    """The host's keyword for its response store: ``response_store`` (newer; ``store`` is its
+    deprecated alias there), ``store`` on 1.0.0b260918."""
+    parameters = inspect.signature(ResponsesHostServer.__init__).parameters
+    return "response_store" if "response_store" in parameters else "store"
+
+
+@dataclasses.dataclass
+class Storage:
+    """The sink and the response store one ``database=`` built, opened and closed together.
+
+    ``sink``: the :class:`~eventguard.SqlSink` (None when the caller gave its own ``sink=``);
+    ``provider``: the :class:`~eventguard.SqlResponseProvider` (None when the caller passed the host
+    a store of its own).
+    """
+
+    sink: Any | None
+    provider: SqlResponseProvider | None
+
+    @classmethod
+    def build(
+        cls,
+        database: str | URL | AsyncEngine,
+        *,
+        schema: str | None,
+        migrate: bool | None,
+        sink: bool,
+        provider: bool,
+    ) -> Storage:
+        """The sink (if ``sink``) and the provider (if ``provider``) on one database.
+
+        An ``AsyncEngine`` is borrowed by the provider (the sink, which keeps one engine per event
+        loop, opens its own on the engine's URL); a URL gives each its own pool.
+        """
+        from sqlalchemy.ext.asyncio import AsyncEngine
+
+        from eventguard.provider import SqlResponseProvider
+        from eventguard.sink import SqlSink
+
+        url = database.url if isinstance(database, AsyncEngine) else database
+        made_sink = SqlSink(url, schema=schema, auto_migrate=migrate) if sink else None
+        made_provider = (
+            SqlResponseProvider(database, schema=schema, auto_migrate=migrate) if provider else None
+        )
+        return cls(made_sink, made_provider)
+
+    async def start(self) -> None:
+        """Open both: the sink first (it creates or upgrades the schema, per ``migrate``, and replays
+        a spool left from before), then the store (which checks the schema)."""
+        if self.sink is not None:
+            await self.sink.start()
+        if self.provider is not None:
+            await self.provider.start()
+
+    async def aclose(self) -> None:
+        """Close both: the sink flushes what the guards recorded, the store releases its pool."""
+        try:
+            if self.sink is not None:
+                await self.sink.aclose()
+        finally:
+            if self.provider is not None:
+                await self.provider.aclose()
+
+
+def _owning(
+    lifespan: Callable[[Any], AbstractAsyncContextManager[Any]], storage: Storage
+) -> Callable[[Any], AbstractAsyncContextManager[Any]]:
+    """The app's lifespan inside the storage's: opened before the host starts, closed after the
+    host's own shutdown has let the last responses end."""
+
+    @asynccontextmanager
+    async def owning(app: Any) -> AsyncIterator[Any]:
+        await storage.start()
+        try:
+            async with lifespan(app) as state:
+                yield state
+        finally:
+            await storage.aclose()
+
+    return owning
 
 
 def guarded_server(cls: T) -> T:

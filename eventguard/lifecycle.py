@@ -12,10 +12,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from eventguard import telemetry
 from eventguard.errors import IllegalTransition
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
+    "CORRECTIONS",
     "ENDED_STATES",
     "TERMINAL_STATES",
     "Anomaly",
@@ -112,6 +114,25 @@ class AnomalyKind(StrEnum):
     VALUE_ESCAPED = "value_escaped"
     #: A second stream carried this response's id and attempt: refused as a whole (sink.apply).
     DUPLICATE_STREAM = "duplicate_stream"
+
+    @property
+    def correction(self) -> bool:
+        """This kind corrects a lie: the stream said something untrue, the truth was recorded instead."""
+        return self in CORRECTIONS
+
+
+#: Anomalies that correct a lie (logged at WARNING, see :mod:`eventguard.telemetry`): a terminal
+#: replaced or withheld, a status contradicting its event type, a cancel the host did not ask for,
+#: a completion kept but not verified.
+CORRECTIONS: frozenset[AnomalyKind] = frozenset(
+    {
+        AnomalyKind.TERMINAL_REPLACED,
+        AnomalyKind.TERMINAL_WITHHELD,
+        AnomalyKind.STATUS_MISMATCH,
+        AnomalyKind.CANCEL_WITHOUT_CLIENT_CANCEL,
+        AnomalyKind.UNVERIFIED_COMPLETION,
+    }
+)
 
 
 def utcnow() -> datetime:
@@ -258,6 +279,8 @@ class Lifecycle(BaseModel):
         )
         self.state = to
         self.transitions.append(step)
+        if to in ENDED_STATES:
+            telemetry.response_ended(self, step)
         return step
 
     def note(
@@ -281,4 +304,5 @@ class Lifecycle(BaseModel):
             payload=payload,
         )
         self.anomalies.append(anomaly)
+        telemetry.anomaly_noted(self, anomaly)
         return anomaly

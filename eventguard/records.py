@@ -16,6 +16,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict
 __all__ = [
     "AnomalyRecord",
     "Attempt",
+    "EnvelopePruneResult",
+    "EnvelopeRecord",
     "EventRecord",
     "History",
     "Page",
@@ -223,6 +225,41 @@ class Stats(_Record):
     duration_ms_p50: float | None
     duration_ms_p90: float | None
     duration_ms_p99: float | None
+
+
+class EnvelopeRecord(_Record):
+    """A response as the host's SQL response store keeps it (``SqlResponseProvider``), for one user
+    partition: what ``GET /responses/{id}`` and ``/input_items`` serve.
+
+    - ``partition``: ``anonymous``, or the SHA-256 of the host's ``user_id_key``.
+    - ``status``: the envelope's own status; ``deleted``: soft-deleted (``envelope`` is then None).
+    - ``input_items``: the history then the input items, oldest first (ids with no stored item are
+      left out); ``output_items``: the items of its output, in order.
+    """
+
+    partition: str
+    status: str | None
+    deleted: bool
+    updated_at: UtcDatetime
+    envelope: dict[str, Any] | None
+    input_items: list[Any]
+    output_items: list[Any]
+
+
+class EnvelopePruneResult(_Record):
+    """How many rows :meth:`~eventguard.ResponseStore.prune_envelopes` deleted from the host's
+    response store (``SqlResponseProvider``'s tables).
+
+    - ``envelopes``: ended or deleted envelopes last written before the cutoff (with their links
+      and conversation memberships).
+    - ``items``: items last written before the cutoff that no kept response still names (as input,
+      output or history).
+    - ``history_nodes``: shared history nodes no kept response reaches any more.
+    """
+
+    envelopes: int
+    items: int
+    history_nodes: int
 
 
 class PruneResult(_Record):

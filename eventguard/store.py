@@ -19,6 +19,8 @@ from eventguard.errors import InvalidQueryError
 from eventguard.records import (
     AnomalyRecord,
     Attempt,
+    EnvelopePruneResult,
+    EnvelopeRecord,
     EventRecord,
     History,
     Page,
@@ -27,8 +29,8 @@ from eventguard.records import (
     Stats,
     TransitionRecord,
 )
-from eventguard.sink import storable
 from eventguard.sql import engine as _db
+from eventguard.sql import storable
 from eventguard.sql.tables import ENDED, ID, STATES, anomalies, events, responses, transitions
 
 __all__ = ["ResponseStore", "stored_id"]
@@ -40,20 +42,37 @@ RECOVER_OWNER = "eventguard-recover"
 
 
 class ResponseStore:
-    """Queries over the sink's tables. ``url`` as for :class:`eventguard.SqlSink`."""
+    """Queries over the sink's tables.
+
+    :param url: as for :class:`eventguard.SqlSink`; default ``EVENTGUARD_DATABASE_URL``, else
+        ``./eventguard.db``. Not with ``engine``.
+    :param engine: the application's own ``AsyncEngine`` instead of a URL (PostgreSQL: its pool is
+        shared; SQLite: the store opens its own connections to the same file); never disposed by
+        :meth:`aclose`.
+    :param schema: PostgreSQL only: the schema the tables live in.
+    :param pooler_safe: PostgreSQL behind a transaction-mode pooler: no prepared statement caches.
+    :param busy_timeout: SQLite: seconds to wait for another process's write lock (prune, recover).
+    """
 
     def __init__(
         self,
         url: str | URL | None = None,
         *,
+        engine: AsyncEngine | None = None,
         schema: str | None = None,
         pooler_safe: bool = False,
         busy_timeout: float = 30.0,
     ) -> None:
-        self.url = _db.resolve_url(url)
-        engine = _db.create_engine(
-            self.url, schema=schema, pooler_safe=pooler_safe, busy_timeout_ms=int(busy_timeout * 1000)
-        )
+        if engine is not None:
+            if url is not None:
+                raise ValueError("give ResponseStore a url or an engine, not both")
+            self.url = _db.resolve_url(engine.url if isinstance(engine, AsyncEngine) else None)
+            engine = _db.borrow_engine(engine, schema=schema, busy_timeout_ms=int(busy_timeout * 1000))
+        else:
+            self.url = _db.resolve_url(url)
+            engine = _db.create_engine(
+                self.url, schema=schema, pooler_safe=pooler_safe, busy_timeout_ms=int(busy_timeout * 1000)
+            )
         self._engine = engine
         # Reads need no write lock on SQLite; prune/recover use the engine's BEGIN IMMEDIATE.
         self._reader: AsyncEngine = engine.execution_options(**{_db.SQLITE_BEGIN_OPTION: "DEFERRED"})
@@ -68,6 +87,7 @@ class ResponseStore:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Release the store's connections (never the application's, when given ``engine=``)."""
         await self._engine.dispose()
 
     # -- reads -----------------------------------------------------------------------------------
@@ -193,6 +213,27 @@ class ResponseStore:
             if not keep_summary:
                 gone = (await conn.execute(delete(responses).where(r.response_id.in_(old)))).rowcount
         return PruneResult(responses=gone, events=counts[0], transitions=counts[1], anomalies=counts[2])
+
+    async def envelopes(self, response_id: str) -> list[EnvelopeRecord]:
+        """What the host's SQL response store holds for ``response_id``: one record per user
+        partition that has it (none when the host's store is another one)."""
+        from eventguard.provider import read_envelopes
+
+        async with self._reader.begin() as conn:
+            return await read_envelopes(conn, stored_id(response_id))
+
+    async def prune_envelopes(self, *, older_than: timedelta | datetime) -> EnvelopePruneResult:
+        """Expire the host's response store (``SqlResponseProvider``) by age, in one transaction.
+
+        Envelopes that ended (or were deleted) and were last written before ``older_than`` go, with
+        their links; items last written before it go unless a kept response still names them (as
+        input, output, or anywhere in its history); history nodes no kept response reaches go.
+        Envelopes still in progress are never expired.
+        """
+        from eventguard.provider import prune_store
+
+        async with self._engine.begin() as conn:
+            return await prune_store(conn, _cutoff(older_than))
 
     async def recover(
         self,
@@ -320,7 +361,7 @@ def stored_id(response_id: str) -> str:
     """The id under which the sink stores ``response_id``.
 
     An id that no column can hold as it is (a NUL, a lone surrogate, longer than 255 characters) is
-    stored as ``<escaped prefix>~<hash>`` (see :mod:`eventguard.sink.storable`); every other id,
+    stored as ``<escaped prefix>~<hash>`` (see :mod:`eventguard.sql.storable`); every other id,
     the stored form of one included, is its own key.
     """
     fix = storable.identifier(response_id, ID_LENGTH)

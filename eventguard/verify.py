@@ -8,12 +8,21 @@ response row: every way a response's transitions, events and status disagree is 
 :class:`Disagreement` in the returned :class:`VerifyReport`.
 
 ``check_history`` does the same for one :class:`~eventguard.store.History` already read, without I/O.
+
+One truth: where the host's response store is the same database (``SqlResponseProvider``), each
+response's verified status is also compared with the status of the envelope the host serves
+(:func:`envelope_disagreements`). Both are written at the end of a response, by two writers: the
+host's terminal ``update_response`` (durable when it returns) and the sink (within its flush
+interval, 50 ms by default), so for a moment one may be terminal while the other is not yet; two
+different terminal statuses are a disagreement.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from sqlalchemy import select
 
 from eventguard.errors import IllegalTransition
 from eventguard.events import (
@@ -28,9 +37,10 @@ from eventguard.events import (
 )
 from eventguard.lifecycle import ALLOWED_TRANSITIONS, ENDED_STATES, Lifecycle, State
 from eventguard.records import Attempt, History, TransitionRecord
+from eventguard.sql.tables import TERMINAL, provider_responses, responses
 from eventguard.store import ResponseStore
 
-__all__ = ["Disagreement", "VerifyReport", "check_history", "verify"]
+__all__ = ["Disagreement", "VerifyReport", "check_history", "envelope_disagreements", "verify"]
 
 
 @dataclass(frozen=True)
@@ -213,6 +223,43 @@ async def verify(
             found.extend(check_history(history))
         if progress is not None and checked % batch == 0:
             progress(checked)
+    found.extend(await envelope_disagreements(store, batch=batch))
     if progress is not None:
         progress(checked)
     return VerifyReport(checked, without, tuple(found))
+
+
+async def envelope_disagreements(store: ResponseStore, *, batch: int = 1000) -> list[Disagreement]:
+    """Responses whose verified terminal status and the host's stored envelope's differ.
+
+    Only where both are terminal (``completed``, ``incomplete``, ``failed``, ``cancelled``): a
+    response one writer has ended and the other not yet is lagging, not contradicting (see the
+    module's docstring); a deleted envelope and an ``interrupted`` attempt (a recovery follows) are
+    left out. Read a page of ``batch`` at a time, on the store's read-only engine.
+    """
+    r, p = responses.c, provider_responses.c
+    reader = store._reader
+    found: list[Disagreement] = []
+    after = 0
+    while True:
+        query = (
+            select(p.pk, r.response_id, r.status, p.status.label("envelope"))
+            .join(responses, r.response_id == p.response_id)
+            .where(p.pk > after, p.deleted.is_(False), r.status.in_(TERMINAL), p.status.in_(TERMINAL))
+            .order_by(p.pk)
+            .limit(batch)
+        )
+        async with reader.begin() as conn:
+            rows = (await conn.execute(query)).all()
+        if not rows:
+            return found
+        for row in rows:
+            if row.status != row.envelope:
+                found.append(
+                    Disagreement(
+                        row.response_id,
+                        None,
+                        f"recorded {row.status}, but the host's stored envelope says {row.envelope}",
+                    )
+                )
+        after = rows[-1].pk

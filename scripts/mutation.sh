@@ -7,16 +7,20 @@
 # (scripts/cr_skip_annotations.py); docs/mutation.md counts them as equivalent.
 # Usage: bash scripts/mutation.sh [module.py ...]
 #   (default: eventguard/decision.py eventguard/lifecycle.py and the modules of eventguard/guard/)
+# PYTHON: the interpreter that runs the tests (default .venv-newest's); CR_BIN: the bin directory that
+# holds cosmic-ray (default: PYTHON's own, where it is installed if missing). A separate CR_BIN keeps
+# cosmic-ray's own dependencies out of the project's environment. TIMEOUT: seconds per mutant (default
+# 30); cosmic-ray counts a timeout as a kill, so keep it well above the baseline's time, which is printed.
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 py=${PYTHON:-$src/.venv-newest/bin/python}
-bin="$(dirname "$py")"
-[ -x "$bin/cosmic-ray" ] || "$py" -m pip install -q cosmic-ray
+bin=${CR_BIN:-$(dirname "$py")}
+[ -x "$bin/cosmic-ray" ] || "$bin/python" -m pip install -q cosmic-ray
 workers=${WORKERS:-$(( 2 * $(nproc) ))}
 modules=("$@")
 [ ${#modules[@]} -gt 0 ] || modules=(eventguard/decision.py eventguard/lifecycle.py eventguard/guard/core.py
-  eventguard/guard/referee.py eventguard/guard/watchdog.py eventguard/guard/owner.py eventguard/guard/host.py
-  eventguard/guard/options.py)
+  eventguard/guard/referee.py eventguard/guard/watchdog.py eventguard/guard/inner.py eventguard/guard/host.py
+  eventguard/guard/options.py eventguard/guard/flush.py eventguard/guard/loop.py)
 work=$(mktemp -d /tmp/eventguard-mutation.XXXXXX)
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
@@ -43,7 +47,8 @@ for module in "${modules[@]}"; do
   # first failure, and most mutants die in the first stage without paying for the heavy imports.
   own=tests/guard/test_$name.py
   case "$module" in eventguard/guard/*)
-    own="tests/guard/test_fault_matrix.py tests/guard/test_properties.py tests/guard/test_guard_edges.py" ;;
+    own="tests/guard/test_fault_matrix.py tests/guard/test_properties.py tests/guard/test_closing.py \
+tests/guard/test_watchdog.py tests/guard/test_endings.py tests/guard/test_bad_input.py" ;;
   esac
   fast="$own $(cd "$work/w0" && ls tests/guard/test_*.py | grep -v -e openai -e lifecycle_properties | grep -vxF -f <(tr ' ' '\n' <<< "$own") | tr '\n' ' ')"
   slow="tests/guard/test_openai_stream.py tests/guard/test_lifecycle_properties.py"
@@ -51,7 +56,7 @@ for module in "${modules[@]}"; do
   cat > "cr-$name.toml" <<TOML
 [cosmic-ray]
 module-path = "$module"
-timeout = 30.0
+timeout = ${TIMEOUT:-30}.0
 excluded-modules = []
 test-command = "bash -c '$killers'"
 
@@ -62,10 +67,12 @@ name = "http"
 worker-urls = [$(IFS=,; echo "${urls[*]}")]
 TOML
   "$bin/cosmic-ray" init "cr-$name.toml" "cr-$name.sqlite" --force
-  "$py" "$src/scripts/cr_skip_annotations.py" "cr-$name.sqlite"
+  "$bin/python" "$src/scripts/cr_skip_annotations.py" "cr-$name.sqlite"
   # The unmutated tree must pass, or every mutant would count as killed.
+  started=$(date +%s)
   (cd "$work/w1" && bash -c "$killers" > /dev/null) \
     || { echo "baseline failed for $module"; status=1; continue; }
+  echo "=== $module: baseline (every killer, unmutated) $(( $(date +%s) - started ))s; timeout ${TIMEOUT:-30}s"
   started=$(date +%s)
   "$bin/cosmic-ray" exec "cr-$name.toml" "cr-$name.sqlite"
   echo "=== $module: $(( $(date +%s) - started ))s with $workers workers"

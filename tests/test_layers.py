@@ -12,13 +12,17 @@ are skipped, as they never run):
 - only the host adapter and the test kit import the host (``agent_framework*``,
   ``azure.ai.agentserver``), and only the test kit, the demo and the CLI import ``uvicorn`` and
   ``openai``;
-- every file and name the doc quotes in backticks in "Where a change goes" and after still exists.
+- every file and name the doc quotes in backticks in "Where a change goes" and after still exists;
+- importing the store loads the SQL layer, never the sink (a package's ``__init__`` runs on the way
+  to any of its modules, which the import check above does not see).
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -30,7 +34,9 @@ DESIGN = ROOT / "docs" / "design.md"
 
 #: Who may import the host's packages, and who may import uvicorn/openai (module-name prefixes).
 HOST_PACKAGES = ("agent_framework", "azure.ai.agentserver")
-HOST_IMPORTERS = ("eventguard.foundry", "eventguard.testing", "eventguard.demo")
+# eventguard.provider implements the host's ResponseProviderProtocol and must raise its exception
+# classes (the host catches ResponseAlreadyExistsError by class).
+HOST_IMPORTERS = ("eventguard.foundry", "eventguard.provider", "eventguard.testing", "eventguard.demo")
 CLIENT_PACKAGES = ("uvicorn", "openai")
 CLIENT_IMPORTERS = ("eventguard.testing", "eventguard.demo", "eventguard.cli")
 
@@ -241,3 +247,17 @@ def test_the_names_the_doc_quotes_still_exist() -> None:
     checked = text[text.index("\n## 2.") :]
     stale = sorted({token for token in re.findall(r"`([^`\n]+)`", checked) if _stale(token)})
     assert not stale, f"docs/design.md names what the code no longer has: {stale}"
+
+
+def test_importing_the_store_does_not_load_the_sink() -> None:
+    """The store reads through ``eventguard.sql`` only: ``import eventguard.store`` in a fresh
+    interpreter leaves ``eventguard.sink`` (and its writer) unloaded."""
+    code = (
+        "import sys, eventguard.store\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[:2] == ['eventguard', 'sink'])\n"
+        "assert not loaded, loaded\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr

@@ -18,7 +18,7 @@ from eventguard.cli._common import (
     say,
     store_command,
 )
-from eventguard.records import PruneResult
+from eventguard.records import EnvelopePruneResult, PruneResult
 from eventguard.store import ResponseStore
 
 OlderThan = Annotated[str, typer.Option("--older-than", help="An age: 30m, 12h, 7d, 2w.", show_default=False)]
@@ -36,17 +36,24 @@ def prune(
     """Delete the history (events, transitions, anomalies) of responses that ended before the age."""
     age = parse_duration(older_than, "--older-than")
 
-    async def work(store: ResponseStore) -> PruneResult:
-        return await store.prune(older_than=age, keep_summary=not drop_summary)
+    async def work(store: ResponseStore) -> tuple[PruneResult, EnvelopePruneResult]:
+        return (
+            await store.prune(older_than=age, keep_summary=not drop_summary),
+            await store.prune_envelopes(older_than=age),
+        )
 
     with progress(f"pruning history older than {older_than}", quiet=json):
-        result = store_command(database_url, work, schema)
+        result, envelopes = store_command(database_url, work, schema)
     if json:
-        emit_json(result.model_dump(mode="json"))
+        emit_json({**result.model_dump(mode="json"), "response_store": envelopes.model_dump(mode="json")})
         return
     say(
         f"pruned responses ended more than {older_than} ago: {result.events} events, "
         f"{result.transitions} transitions, {result.anomalies} anomalies, {result.responses} response rows"
+    )
+    say(
+        f"pruned the host's response store: {envelopes.envelopes} envelopes, {envelopes.items} items, "
+        f"{envelopes.history_nodes} history nodes"
     )
 
 

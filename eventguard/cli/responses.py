@@ -29,7 +29,7 @@ from eventguard.cli._common import (
     when,
     with_store,
 )
-from eventguard.records import Attempt, History, ResponseRecord
+from eventguard.records import Attempt, EnvelopeRecord, History, ResponseRecord
 from eventguard.store import ResponseStore
 
 app = typer.Typer(
@@ -111,15 +111,18 @@ def show(
     """One response's timeline: its transitions, its events summarised, its anomalies."""
     url = resolve(database_url, schema)
 
-    async def work(store: ResponseStore) -> History | None:
-        return await store.history(response_id)
+    async def work(store: ResponseStore) -> tuple[History | None, list[EnvelopeRecord]]:
+        return await store.history(response_id), await store.envelopes(response_id)
 
     ensure_exists(url)
-    history = run(lambda: with_store(url, work, schema))
+    history, envelopes = run(lambda: with_store(url, work, schema))
     if history is None:
         fail(f"unknown response id {response_id!r}")
     if json:
-        emit_json(history.model_dump(mode="json"))
+        shown = history.model_dump(mode="json")
+        if envelopes:  # the host's SQL response store has it too
+            shown["envelopes"] = [e.model_dump(mode="json") for e in envelopes]
+        emit_json(shown)
         return
     r = history.response
     head = Text.assemble(
@@ -144,6 +147,8 @@ def show(
     for name, value in details:
         if value:
             say(f"  {name:<14}{value}")
+    for envelope in envelopes:
+        _print_envelope(envelope)
     if not any(a.transitions or a.events or a.anomalies for a in history.attempts):
         say("  history       pruned: only this summary row is kept (eventguard prune)")
         return
@@ -159,6 +164,26 @@ def _events(history: History) -> str:
     if stored == 0 or stored == count:
         return str(count)
     return f"{stored} stored" + (f" (the row says {count})" if count else "")
+
+
+def _print_envelope(e: EnvelopeRecord) -> None:
+    """What the host's response store serves for this response, beside the recorded history."""
+    state = "deleted" if e.deleted else (e.status or "-")
+    say(f"  host's store  {state} (partition {e.partition[:12]}, updated {when(e.updated_at)})")
+    for title, items in (("input", e.input_items), ("output", e.output_items)):
+        for item in items:
+            say(f"    {title:<7}{_item_summary(item)}")
+
+
+def _item_summary(item: Any) -> str:
+    if not isinstance(item, dict):
+        return type(item).__name__
+    parts = [str(item.get("type", "?")), str(item.get("role", "") or "")]
+    content = item.get("content")
+    if isinstance(content, list):
+        text = "".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
+        parts.append(repr(text[:60] + ("..." if len(text) > 60 else "")))
+    return " ".join(p for p in parts if p)
 
 
 def _print_attempt(attempt: Attempt, numbered: bool) -> None:

@@ -1,6 +1,6 @@
 """The guard: an async-iterator combinator that decides a response stream's terminal by its cause.
 
-Ownership, as in aiostream's ``streamcontext`` and asyncstdlib: the guard owns the inner stream from
+The inner stream, as in aiostream's ``streamcontext`` and asyncstdlib: the guard answers for it from
 the moment it is built. It closes it exactly once, on every exit path, in the call that ends the
 guard (never later, from the garbage collector). A guard its consumer drops without closing it
 (``break`` out of ``async for`` without ``async with``) is finalised like an async generator: the
@@ -32,29 +32,22 @@ from enum import Enum
 from types import AsyncGeneratorType, TracebackType
 from typing import Any, Final, Literal, cast
 
-from eventguard.decision import Ending, decide
-from eventguard.errors import (
-    GuardAlreadyUsed,
-    GuardOutsideLoop,
-    NotAsyncIterable,
-)
+from eventguard.decision import Ending, exit_ending
+from eventguard.errors import GuardAlreadyUsed, GuardOutsideLoop, NotAsyncIterable
+from eventguard.guard.flush import flush
 from eventguard.guard.host import CancellationSignal, Host, info_from_context
+from eventguard.guard.inner import InnerStream
+from eventguard.guard.loop import bound_loop, check_loop
 from eventguard.guard.options import GuardOptions
-from eventguard.guard.owner import InnerStream, spawn
 from eventguard.guard.referee import DROP, Referee
-from eventguard.guard.watchdog import STUCK_MESSAGE, Watchdog
-from eventguard.lifecycle import AnomalyKind, ErrorInfo, Lifecycle, ResponseInfo, State
+from eventguard.guard.watchdog import Watchdog
+from eventguard.lifecycle import Lifecycle, ResponseInfo
 from eventguard.recording import Recorder, Sink
 
 __all__ = ["Guard", "Phase", "guard"]
 
 log = logging.getLogger("eventguard.guard")
 
-
-_OUTSIDE_LOOP: Final = (
-    "build the guard inside the coroutine that iterates it: guard() {what}, and a guard is bound to the "
-    "event loop it was built in"
-)
 _DEFAULTS: Final = GuardOptions()
 
 
@@ -158,18 +151,9 @@ class _Core:
         if not callable(getattr(cancellation_signal, "is_set", None)):
             raise TypeError("cancellation_signal must have an is_set() method (an asyncio.Event, say)")
         options.check()
-        try:
-            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is None and sink is not None:
-            # The sink's recorder belongs to a running loop; without one it would fail deep inside.
-            raise GuardOutsideLoop(
-                _OUTSIDE_LOOP.format(what="with a sink was called outside a running event loop")
-            )
-        #: The loop the guard was built in (None outside one: allowed without a sink).
-        self._loop = loop
-        #: The inner stream, owned: closed exactly once (see owner.py).
+        #: The loop the guard was built in (None outside one: allowed without a sink; see loop.py).
+        self._loop = bound_loop(has_sink=sink is not None)
+        #: The inner stream, owned: closed exactly once (see inner.py).
         self._inner = InnerStream(stream, aiter_())
         #: The only reader of the host's context and signals (see host.py).
         self._host = host = Host(cancellation_signal, context, process_shutdown)
@@ -187,7 +171,7 @@ class _Core:
         #: The stuck-stream watchdog: its task, and the books of the cancel it may send (watchdog.py).
         self._watchdog = Watchdog()
         #: The I/O-free referee: lifecycle events, terminals, anomalies, decisions (referee.py).
-        self._ref = Referee(self.lifecycle, self._rec, options, host, self._watchdog)
+        self._ref = Referee(self.lifecycle, self._rec, options, host)
         #: How the consumer is closing the guard while its generator unwinds (see _end_closed).
         self._closing: Ending | None = None
 
@@ -199,22 +183,6 @@ class _Core:
         """The guard is in use from its first step or close on: single use is spent."""
         if self._phase is Phase.NEW:
             self._phase = Phase.OPEN
-
-    async def _end_closed(self, ending: Ending) -> None:
-        """The consumer closed the guard (or dropped it) before the end: decide, close, flush."""
-        self._ref.settle()
-        if not self.lifecycle.ended:
-            self._ref.apply(decide(ending, self._ref.flags(), self._options))
-        await self._finish()
-
-    async def _end_dropped(self) -> None:
-        """The event loop's finaliser closes a guard its consumer dropped, in a task nobody awaits:
-        an inner stream whose close raises is said here, once, rather than left in that task for
-        "Task exception was never retrieved". The ending is recorded all the same."""
-        try:
-            await self._end_closed(Ending.CLOSED_EARLY)
-        except Exception:
-            log.warning("eventguard: closing the inner stream of a dropped guard raised", exc_info=True)
 
     async def _run(self) -> AsyncGenerator[Any, None]:
         """The hot loop: for an output or delta event, one subscript, one set lookup, a counter.
@@ -239,10 +207,10 @@ class _Core:
                 # collected and finalised like an async generator, and that cancels the watchdog.
                 self._watchdog.start(loop, self, self._host, grace)
         rec = self._rec
-        # Plain str types already seen to need nothing but forwarding; emptied (see _go_slow) once
+        # Plain str types already seen to need nothing but forwarding; emptied (Referee.go_slow) once
         # every event must take the slow path: after the terminal, or when the guard is ending.
         ref = self._ref
-        slow = ref.event
+        slow = self._slow
         hot = ref.hot
         n = ref.n
         phase = 0
@@ -260,8 +228,8 @@ class _Core:
                     ref.n = n
                     out = slow(event)
                     n = ref.n
-                    if ref.stop_after:
-                        if ref.abandon_inner:
+                    if ref.stage.stops:
+                        if ref.stage.closes_in_background:
                             self._inner.close_in_background()
                         await self._finish()  # the inner stream's close is already under way
                         final = out
@@ -303,110 +271,85 @@ class _Core:
         if final is not DROP:
             yield final
 
+    def _slow(self, event: Any) -> Any:
+        """An event off the hot path, to the referee; what to forward (or DROP)."""
+        watchdog = self._watchdog
+        if watchdog.cancel_pending:
+            # The inner stream swallowed the watchdog's stuck-stream cancel and produced an event:
+            # give its task back the cancel count it had (the watchdog's books); the referee decides.
+            watchdog.give_back()
+            return self._ref.swallowed_cancel(event)
+        return self._ref.event(event)
+
+    def _check_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, which must be the one the guard (and its recorder) was built in."""
+        try:
+            return check_loop(self._loop, has_sink=self._rec is not None)
+        except GuardOutsideLoop:
+            # Nothing can be recorded or watched from here: the guard is over before it began, and a
+            # later close is a no-op. The inner stream was never pulled; it is left to whoever made it, as
+            # when guard() refuses a stream that is not async iterable.
+            self._phase = Phase.FINISHED
+            self._ref.go_slow()
+            raise
+
+    # -- endings: the referee decides, the core acts (closes, flushes, re-raises) ------------------
+
     async def _finish(self, *, close_inner: bool = True) -> None:
         """Idempotent end: stop the watchdog, close the inner stream, then flush the recorder."""
         if self._phase is Phase.FINISHED:
             return
-        self._ref.settle()
+        self._ref.finished()
         self._phase = Phase.FINISHED
-        self._ref.go_slow()
-        self.lifecycle.events_forwarded = self._ref.n
         self._watchdog.stop()
         try:
             if close_inner:
                 await self._inner.close()
         finally:
-            await self._flush()
+            if self._rec is not None:
+                await flush(self._rec, self._options.flush_timeout, self.lifecycle.info.response_id)
 
-    def _check_loop(self) -> asyncio.AbstractEventLoop:
-        """The running loop, which must be the one the guard (and its recorder) was built in."""
+    async def _end_closed(self, ending: Ending) -> None:
+        """The consumer closed the guard (or dropped it) before the end: decide, close, flush."""
+        self._ref.ended_by(ending)
+        await self._finish()
+
+    async def _end_dropped(self) -> None:
+        """The event loop's finaliser closes a guard its consumer dropped, in a task nobody awaits:
+        an inner stream whose close raises is said here, once, rather than left in that task for
+        "Task exception was never retrieved". The ending is recorded all the same."""
         try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self._refuse()
-            raise GuardOutsideLoop(
-                _OUTSIDE_LOOP.format(what="was iterated outside a running event loop")
-            ) from None
-        if self._rec is not None and loop is not self._loop:
-            self._refuse()
-            raise GuardOutsideLoop(
-                _OUTSIDE_LOOP.format(what="was iterated in another event loop than its own")
-            )
-        return loop
-
-    def _refuse(self) -> None:
-        # Nothing can be recorded or watched from here: the guard is over before it began, and a later
-        # close is a no-op. The inner stream was never pulled; it is left to its owner, as when
-        # guard() refuses a stream that is not async iterable.
-        self._phase = Phase.FINISHED
-        self._ref.go_slow()
-
-    async def _flush(self) -> None:
-        rec = self._rec
-        if rec is None:
-            return
-        # Shielded: the terminal write survives the cancellation of the task running the guard.
-        # Bounded: a database that hangs cannot hang the host; the write goes on in the background.
-        closing = spawn(rec.close())
-        try:
-            await asyncio.wait_for(asyncio.shield(closing), self._options.flush_timeout)
-        except TimeoutError:
-            log.warning(
-                "eventguard: final flush of %s still running after %.1fs; continuing in the background",
-                self.lifecycle.info.response_id,
-                self._options.flush_timeout,
-            )
-
-    # -- endings ---------------------------------------------------------------------------------
+            await self._end_closed(Ending.CLOSED_EARLY)
+        except Exception:
+            log.warning("eventguard: closing the inner stream of a dropped guard raised", exc_info=True)
 
     async def _on_inner_exit(self, exc: BaseException) -> Any:
         """The inner stream ended or raised: decide, finish, and say what (if anything) to forward.
 
         Re-raises ``exc`` itself unless it is the end of the stream or our own stuck-stream cancel.
         """
-        self._ref.settle()
         if isinstance(exc, StopAsyncIteration):
-            out: Any = DROP
-            if self._ref.own_ending is not None:
-                out = self._ref.own_terminal()
-            elif not self._ref.terminal_seen and not self.lifecycle.terminal:
-                out = self._ref.end_with(decide(Ending.NO_TERMINAL, self._ref.flags(), self._options))
+            out = self._ref.stream_ended()
             await self._finish()
             return out
         if isinstance(exc, asyncio.CancelledError):
-            task = asyncio.current_task()
-            if self._watchdog.take_back(task):
-                return await self._end_stuck()  # our own stuck-stream cancel, taken back
-            if not self.lifecycle.ended:
-                self._ref.apply(decide(Ending.RAISED_CANCELLED, self._ref.flags(), self._options))
+            if self._watchdog.take_back(asyncio.current_task()):
+                # Our own stuck-stream cancel, taken back: the stream ends as stuck.
+                out = self._ref.stuck()
+                self._inner.close_in_background()
+                await self._finish(close_inner=False)
+                return out
+            self._ref.ended_by(Ending.RAISED_CANCELLED)
             await self._finish()
             raise exc
         await self._on_raised(exc, Ending.RAISED if isinstance(exc, Exception) else Ending.RAISED_BASE)
         raise exc
 
-    async def _end_stuck(self) -> Any:
-        self._ref.anomaly(AnomalyKind.STUCK, STUCK_MESSAGE)
-        out: Any = DROP
-        if not self._ref.terminal_seen and not self.lifecycle.terminal:
-            out = self._ref.end_with(decide(Ending.STUCK, self._ref.flags(), self._options))
-        self._inner.close_in_background()
-        await self._finish(close_inner=False)
-        return out
-
     async def _on_raised(self, exc: BaseException, ending: Ending) -> None:
-        self._ref.settle()
-        lc = self.lifecycle
-        if self._ref.own_ending is None and (not lc.ended or lc.state is State.INTERRUPTED):
-            decision = decide(ending, self._ref.flags(), self._options)
-            self.lifecycle.error = ErrorInfo(
-                code=None, message=_short(str(exc)), exception_type=_qualname(type(exc))
-            )
-            self._ref.apply(decision)
+        self._ref.raised(exc, ending)
         await self._finish()
 
-    # -- the slow path: lifecycle events, terminals, bad input ---------------------------------
-
-    # -- causes and the watchdog ---------------------------------------------------------------
+    # -- the watchdog's turn (see Watchdog.on_grace) -----------------------------------------------
 
     def _on_grace(self, grace: float) -> bool:
         """``grace`` after the cause: the watchdog's turn (see Watchdog.on_grace)."""
@@ -473,7 +416,7 @@ class Guard:
     ) -> None:
         # The body of ``async with`` ended: a cancel thrown into the host's handler (a foreground
         # disconnect with store=false) is a cancel, not a consumer that walked away.
-        await self._close(_exit_ending(exc))
+        await self._close(exit_ending(exc))
 
     def __aiter__(self) -> AsyncGeneratorType[Any, None]:
         # ``async for`` drives the guard's own async generator directly: no extra layer per event.
@@ -516,23 +459,6 @@ class Guard:
         await core._end_closed(ending)
 
 
-def _exit_ending(exc: BaseException | None) -> Ending:
-    """How an ``async with guard(...)`` body's exception ends a stream the guard had not finished."""
-    if exc is None or isinstance(exc, GeneratorExit):
-        return Ending.CLOSED_EARLY
-    if isinstance(exc, asyncio.CancelledError):
-        return Ending.RAISED_CANCELLED
-    return Ending.RAISED if isinstance(exc, Exception) else Ending.RAISED_BASE
-
-
 async def _empty() -> AsyncGenerator[Any, None]:
     return
     yield  # an async generator that ends at once: a guard closed before its first step
-
-
-def _qualname(cls: type[BaseException]) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _short(text: str, limit: int = 500) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"

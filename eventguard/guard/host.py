@@ -37,16 +37,16 @@ class Host:
     def flags(self) -> Flags:
         """The cause flags at this moment."""
         signal = bool(self.signal.is_set())
-        exiting = self.process_shutdown is not None and is_set(self.process_shutdown)
+        process_shutdown = self.process_shutdown is not None and is_set(self.process_shutdown)
         ctx = self.context
         if ctx is None:
             # Without a context a set signal counts as a client cancel: never record a false success.
-            return Flags(signal=signal, client_cancelled=signal, process_exiting=exiting)
+            return Flags(signal=signal, client_cancelled=signal, process_shutdown=process_shutdown)
         return Flags(
             signal=signal,
             client_cancelled=bool(getattr(ctx, "client_cancelled", False)),
             shutdown=is_set(getattr(ctx, "shutdown", None)),
-            process_exiting=exiting,
+            process_shutdown=process_shutdown,
         )
 
     def recoverable(self, info: ResponseInfo) -> bool:

@@ -5,12 +5,24 @@ input, the first event of each output type), checks the lifecycle's transitions,
 through the decision table (``decision.py``: every policy lives there), builds the terminals the guard
 synthesises, and records every anomaly through one path (:meth:`Referee.anomaly`). It never awaits:
 the cause flags come from the host adapter, records go to the recorder's buffer, and what needs I/O
-(closing the inner stream, flushing) is asked of the guard through ``stop_after`` / ``abandon_inner``.
+(closing the inner stream, flushing, giving a task back its cancel) is done by the guard core, which
+reads the referee's :class:`Stage` (``STOP*``: finish after this event, closing the inner stream in
+the call or in the background). It knows nothing of the watchdog: the core tells it when the inner
+stream swallowed the watchdog's cancel (:meth:`Referee.swallowed_cancel`), the watchdog when it
+records an ending (:meth:`Referee.record_stuck`, :meth:`Referee.abandoned`).
+
+Its stage, one value (as httpx's ``ClientState``), where booleans used to say it::
+
+    OPEN ──terminal──► AFTER_TERMINAL
+      │                     │
+      ├──────own ending─────┴──► OWN_ENDING / OWN_ENDING_STUCK ──an event──► STOP / STOP_IN_BACKGROUND
+      └──the inner stream swallowed the watchdog's cancel, from any stage──► STOP_STUCK
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import Enum
 from typing import Any, Final
 
 from eventguard.decision import NEEDS_START, Decision, Ending, Flags, Forward, decide, settle, unverified
@@ -29,14 +41,57 @@ from eventguard.events import (
 )
 from eventguard.guard.host import Host
 from eventguard.guard.options import GuardOptions
-from eventguard.guard.watchdog import STUCK_MESSAGE, Watchdog
-from eventguard.lifecycle import AnomalyKind, Lifecycle, State
+from eventguard.lifecycle import AnomalyKind, ErrorInfo, Lifecycle, State
 from eventguard.recording import Recorder
 
-__all__ = ["DROP", "Referee"]
+__all__ = ["DROP", "STUCK_MESSAGE", "Referee", "Stage"]
 
 #: Returned for an event that is not forwarded.
 DROP: Final = object()
+STUCK_MESSAGE: Final = "eventguard: inner stream ignored the cancellation signal past cancel_grace"
+
+
+class Stage(Enum):
+    """Where the referee is in its stream (see the module docstring for the moves between stages)."""
+
+    #: No terminal yet: events are forwarded.
+    OPEN = "open"
+    #: A terminal was forwarded, synthesised or withheld: anything more is an anomaly, not forwarded.
+    AFTER_TERMINAL = "after_terminal"
+    #: The guard recorded an ending of its own (:meth:`Referee.own`) because the host stopped iterating:
+    #: final. Nothing the inner stream produces is forwarded; the terminal it calls for is, once.
+    OWN_ENDING = "own_ending"
+    #: The same, because the inner stream was stuck (the watchdog recorded it).
+    OWN_ENDING_STUCK = "own_ending_stuck"
+    #: The inner stream produced an event after the guard's own ending: finish after the event
+    #: returned, closing the inner stream in the call.
+    STOP = "stop"
+    #: The same after an own ending for a stuck inner stream: its close may be as slow as it was to
+    #: return, so it is closed in the background.
+    STOP_IN_BACKGROUND = "stop_in_background"
+    #: The inner stream swallowed the watchdog's cancel and produced an event: ended as stuck; finish
+    #: after the event returned, closing the inner stream in the background.
+    STOP_STUCK = "stop_stuck"
+
+    @property
+    def stops(self) -> bool:
+        """The hot loop finishes after the event just returned."""
+        return self in _STOPS
+
+    @property
+    def closes_in_background(self) -> bool:
+        """The inner stream is closed in the background when the hot loop finishes here."""
+        return self in _IN_BACKGROUND
+
+    @property
+    def owned(self) -> bool:
+        """The guard recorded an ending of its own: final (see :meth:`Referee.own`)."""
+        return self in _OWNED
+
+
+_STOPS: Final = frozenset({Stage.STOP, Stage.STOP_IN_BACKGROUND, Stage.STOP_STUCK})
+_IN_BACKGROUND: Final = frozenset({Stage.STOP_IN_BACKGROUND, Stage.STOP_STUCK})
+_OWNED: Final = frozenset({Stage.OWN_ENDING, Stage.OWN_ENDING_STUCK, Stage.STOP, Stage.STOP_IN_BACKGROUND})
 _PRIMITIVES: Final = (str, bytes, bytearray, int, float, bool, list, tuple, set, type(None))
 
 
@@ -45,10 +100,9 @@ class Referee:
 
     __slots__ = (
         "_host",
+        "_owed",
         "_pending",
         "_snapshot",
-        "_watchdog",
-        "abandon_inner",
         "hot",
         "lifecycle",
         "n",
@@ -56,42 +110,32 @@ class Referee:
         "own_ending",
         "rec",
         "slow",
-        "stop_after",
-        "terminal_seen",
+        "stage",
     )
 
-    def __init__(
-        self,
-        lifecycle: Lifecycle,
-        rec: Recorder | None,
-        options: GuardOptions,
-        host: Host,
-        watchdog: Watchdog,
-    ) -> None:
+    def __init__(self, lifecycle: Lifecycle, rec: Recorder | None, options: GuardOptions, host: Host) -> None:
         self.lifecycle = lifecycle
         self.rec = rec
         self.options = options
         self._host = host
-        self._watchdog = watchdog
         #: Events forwarded so far (the hot loop keeps its own count and writes it back here).
         self.n = 0
         #: Plain str types already seen to need nothing but forwarding: the hot loop forwards them.
         #: Emptied (go_slow) once every event must take the slow path.
         self.hot: set[str] = set()
         self.slow = False
-        #: The terminal was seen (or synthesised): anything after it is an anomaly.
-        self.terminal_seen = False
+        #: Where the referee is in its stream (see Stage).
+        self.stage = Stage.OPEN
         #: The last response snapshot the stream carried: what a synthesised terminal is built on.
         self._snapshot: dict[str, Any] | None = None
         #: A terminal's decision, applied when the inner stream ends (see settle).
         self._pending: Decision | None = None
-        #: The ending the guard recorded on its own (the watchdog: stuck, abandoned): final. Nothing
-        #: the inner stream produces afterwards is forwarded (see _after_own_ending).
+        #: The decision of the ending the guard recorded on its own (the watchdog: stuck, abandoned),
+        #: kept for what it says; ``stage.owned`` says whether there is one.
         self.own_ending: Decision | None = None
-        #: Asks the hot loop to finish after the event returned.
-        self.stop_after = False
-        #: Asks the guard to close the inner stream in the background, not in its call.
-        self.abandon_inner = False
+        #: The own ending whose terminal is still to be forwarded (None once it was, or when the
+        #: stream's own terminal had been forwarded before it).
+        self._owed: Decision | None = None
 
     def flags(self) -> Flags:
         return self._host.flags()
@@ -102,12 +146,13 @@ class Referee:
         self.hot.clear()
 
     def event(self, event: Any) -> Any:
+        """An event the hot loop does not forward on its own: what to forward (the event, another
+        terminal in its place, or DROP); ``stage`` says when the hot loop must finish after it."""
         etype = event_type_of(event)
-        if self._watchdog.cancel_pending:
-            return self._stuck_cancel_swallowed(event, etype)
-        if self.own_ending is not None:
+        stage = self.stage
+        if stage is not Stage.OPEN and stage is not Stage.AFTER_TERMINAL:
             return self._after_own_ending(event, etype)
-        if self.terminal_seen:
+        if stage is Stage.AFTER_TERMINAL:
             duplicate = isinstance(etype, str) and etype in TERMINAL_TYPES
             kind = AnomalyKind.DUPLICATE_TERMINAL if duplicate else AnomalyKind.EVENT_AFTER_TERMINAL
             self.anomaly(kind, f"{etype!r} after the terminal was not forwarded", etype, event)
@@ -174,14 +219,15 @@ class Referee:
             event,
         )
         out = self.own_terminal()
-        if self._watchdog.handled:
-            self.abandon_inner = True  # it may be as slow to close as it was to return
-        self.stop_after = True
+        # A stuck inner stream may be as slow to close as it was to return: in the background.
+        self.stage = Stage.STOP_IN_BACKGROUND if self.stage is Stage.OWN_ENDING_STUCK else Stage.STOP
         return out
 
-    def _stuck_cancel_swallowed(self, event: Any, etype: object) -> Any:
-        # The inner stream swallowed the cancel we sent it after cancel_grace: take it back and end.
-        self._watchdog.give_back()
+    def swallowed_cancel(self, event: Any) -> Any:
+        """The inner stream swallowed the cancel the watchdog sent it after ``cancel_grace`` and
+        produced ``event`` (the core has given the task its cancel count back): it ends as stuck, the
+        event is not forwarded; what to forward in its place (``stage`` is then ``STOP_STUCK``)."""
+        etype = event_type_of(event)
         self.settle()
         self.anomaly(
             AnomalyKind.STUCK,
@@ -189,12 +235,10 @@ class Referee:
             etype,
             event,
         )
-        self.terminal_seen = True
+        self.stage = Stage.STOP_STUCK
         out = DROP
         if not self.lifecycle.terminal:
             out = self.end_with(decide(Ending.STUCK, self.flags(), self.options))
-        self.abandon_inner = True
-        self.stop_after = True
         return out
 
     def _on_lifecycle_event(self, event: Any, etype: str, kind: Kind) -> None:
@@ -232,7 +276,7 @@ class Referee:
     def _on_terminal(self, event: Any, etype: str) -> Any:
         lc = self.lifecycle
         flags = self.flags()  # at this moment, not later: see the README
-        self.terminal_seen = True
+        self.stage = Stage.AFTER_TERMINAL
         self.go_slow()
         unreadable = False
         try:
@@ -308,7 +352,8 @@ class Referee:
             response.pop("error", None)
         else:
             response["error"] = {"code": code, "message": message or code}
-        self.terminal_seen = True
+        if self.stage is Stage.OPEN:
+            self.stage = Stage.AFTER_TERMINAL
         self.go_slow()
         return {"type": "response.failed", "response": response}
 
@@ -379,10 +424,10 @@ class Referee:
 
     def own_terminal(self) -> Any:
         """The terminal the guard's own ending calls for, once, when the consumer is back to take it."""
-        decision = self.own_ending
-        if decision is None or self.terminal_seen:
+        decision = self._owed
+        if decision is None:
             return DROP
-        self.terminal_seen = True
+        self._owed = None
         return self._terminal_for(decision)
 
     def _terminal_for(self, decision: Decision) -> Any:
@@ -409,23 +454,78 @@ class Referee:
                 AnomalyKind.ABANDONED,
                 f"the host stopped iterating for {grace}s after the signal; ending recorded without it",
             )
-            self.own(decide(Ending.ABANDONED, flags, self.options))
+            self.own(decide(Ending.ABANDONED, flags, self.options), stuck=False)
 
     def record_stuck(self, reason: str) -> None:
         """Record a stuck ending while the consumer is still blocked in the inner stream's await."""
         self.anomaly(AnomalyKind.STUCK, reason)
         self.settle()
         if not self.lifecycle.terminal:
-            self.own(decide(Ending.STUCK, self.flags(), self.options))
+            self.own(decide(Ending.STUCK, self.flags(), self.options), stuck=True)
         elif self.rec is not None:
             self.rec.changed()
 
-    def own(self, decision: Decision) -> None:
+    # -- endings: what the guard core asks when the inner stream, the consumer or the watchdog ends it --
+
+    def finished(self) -> None:
+        """The guard is ending: the terminal's decision settled, every event on the slow path, the
+        count of forwarded events on the lifecycle."""
+        self.settle()
+        self.go_slow()
+        self.lifecycle.events_forwarded = self.n
+
+    def ended_by(self, ending: Ending) -> None:
+        """The guard ended by ``ending`` (the consumer closed it, a cancel reached it) before the
+        inner stream ended: the ending decided, unless the lifecycle has one already."""
+        self.settle()
+        if not self.lifecycle.ended:
+            self.apply(decide(ending, self.flags(), self.options))
+
+    def stream_ended(self) -> Any:
+        """The inner stream returned: the terminal to forward in its place, if any (or DROP)."""
+        self.settle()
+        if self.stage.owned:
+            return self.own_terminal()
+        if self.stage is Stage.OPEN and not self.lifecycle.terminal:
+            return self.end_with(decide(Ending.NO_TERMINAL, self.flags(), self.options))
+        return DROP
+
+    def stuck(self) -> Any:
+        """Our stuck-stream cancel reached the guard and was taken back: the terminal to forward."""
+        self.settle()
+        self.anomaly(AnomalyKind.STUCK, STUCK_MESSAGE)
+        if self.stage is Stage.OPEN and not self.lifecycle.terminal:
+            return self.end_with(decide(Ending.STUCK, self.flags(), self.options))
+        return DROP
+
+    def raised(self, exc: BaseException, ending: Ending) -> None:
+        """The inner stream (or the guard itself) raised ``exc``, which ends the stream by ``ending``:
+        the error noted and the ending decided, unless the guard's own ending or a terminal stands."""
+        self.settle()
+        lc = self.lifecycle
+        if not self.stage.owned and (not lc.ended or lc.state is State.INTERRUPTED):
+            decision = decide(ending, self.flags(), self.options)
+            lc.error = ErrorInfo(code=None, message=_short(str(exc)), exception_type=_qualname(type(exc)))
+            self.apply(decision)
+
+    def own(self, decision: Decision, *, stuck: bool) -> None:
         """Record an ending the guard reached on its own, while the inner stream still runs: final.
 
         From now on nothing the inner stream produces is forwarded (see _after_own_ending), so
-        that the recorded ending and the forwarded stream never disagree.
+        that the recorded ending and the forwarded stream never disagree. ``stuck``: the inner stream
+        was stuck (not a host that stopped iterating), so it is closed in the background.
         """
         self.apply(decision)
         self.own_ending = decision
+        # The terminal this ending calls for is owed unless the stream's own was already forwarded.
+        self._owed = decision if self.stage is Stage.OPEN else None
+        self.stage = Stage.OWN_ENDING_STUCK if stuck else Stage.OWN_ENDING
         self.go_slow()
+
+
+def _qualname(cls: type[BaseException]) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _short(text: str, limit: int = 500) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

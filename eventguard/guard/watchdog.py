@@ -13,6 +13,15 @@ looked at first, then every task of the loop; a task that merely awaits another 
 The take-back follows ``asyncio.timeout``: the task's ``cancelling()`` count is noted before the
 cancel, and only our own cancel is undone; when an outside cancel arrives at the same time, that one
 wins and propagates.
+
+The one cancel it may send has a state, one value (as httpx's ``ClientState``)::
+
+    NOT_SENT ──cancel_stuck()──► SENT ──take_back() / give_back()──► HANDLED
+        └──────────no task to interrupt: the ending recorded without one──────────┘
+
+The watchdog does its own task bookkeeping (``task.cancel()``, ``task.uncancel()``); the referee only
+decides (``Referee.record_stuck``, ``Referee.abandoned``), and the guard core asks the watchdog to
+take back or give back its cancel when it reaches the guard.
 """
 
 from __future__ import annotations
@@ -23,10 +32,12 @@ import logging
 import sys
 import weakref
 from collections.abc import AsyncGenerator
+from enum import Enum
 from types import AsyncGeneratorType, CoroutineType, GeneratorType
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from eventguard.guard.owner import keep
+from eventguard.guard.inner import keep
+from eventguard.guard.referee import STUCK_MESSAGE
 
 if TYPE_CHECKING:
     from eventguard.guard.host import Host
@@ -34,9 +45,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("eventguard.guard")
 
-__all__ = ["STUCK_MESSAGE", "Watchdog", "awaits_through", "waiting_task"]
+__all__ = ["STUCK_MESSAGE", "StuckCancel", "Watchdog", "awaits_through", "waiting_task"]
 
-STUCK_MESSAGE: Final = "eventguard: inner stream ignored the cancellation signal past cancel_grace"
+
+class StuckCancel(Enum):
+    """The state of the one stuck-stream cancel a watchdog may send (see the module docstring)."""
+
+    #: Not sent, nothing dealt with yet.
+    NOT_SENT = "not_sent"
+    #: Sent to ``Watchdog.stuck_task``, not yet dealt with: the next ``CancelledError`` in that task,
+    #: or the next event the inner stream produces (it swallowed the cancel), is ours.
+    SENT = "sent"
+    #: Dealt with: taken back, given back, or the ending recorded without a cancel (no task found).
+    HANDLED = "handled"
 
 
 class Watched(Protocol):
@@ -50,16 +71,15 @@ class Watched(Protocol):
 class Watchdog:
     """The stuck-stream watchdog of one guard, and the books of the one cancel it may send."""
 
-    __slots__ = ("_cancelling_before", "first_task", "handled", "sent", "stuck_task", "task")
+    __slots__ = ("_cancelling_before", "cancel", "first_task", "stuck_task", "task")
 
     def __init__(self) -> None:
         #: The watchdog's own task, once started.
         self.task: asyncio.Task[None] | None = None
         #: The task that took the first step: where the waiting task is looked for first.
         self.first_task: asyncio.Task[Any] | None = None
-        #: The stuck-stream cancel was sent / has been dealt with (taken back, or the ending recorded).
-        self.sent = False
-        self.handled = False
+        #: Where the stuck-stream cancel is (see StuckCancel).
+        self.cancel = StuckCancel.NOT_SENT
         #: The task the stuck-stream cancel was sent to, while that is handled.
         self.stuck_task: asyncio.Task[Any] | None = None
         self._cancelling_before = 0
@@ -67,7 +87,7 @@ class Watchdog:
     def start(self, loop: asyncio.AbstractEventLoop, guard: Watched, host: Host, grace: float) -> None:
         """Start watching, from the guard's first step (the current task is where it looks first)."""
         self.first_task = asyncio.current_task()
-        # The watchdog task is kept alive (owner.keep) until it ends, so that it is never collected
+        # The watchdog task is kept alive (inner.keep) until it ends, so that it is never collected
         # pending along with a dropped guard and the signal it waits on.
         self.task = task = loop.create_task(Watchdog._watch(weakref.ref(guard), host, grace))
         keep(task)
@@ -99,12 +119,12 @@ class Watchdog:
     @property
     def cancel_pending(self) -> bool:
         """The stuck-stream cancel was sent and not yet dealt with."""
-        return self.sent and not self.handled
+        return self.cancel is StuckCancel.SENT
 
     def cancel_stuck(self, task: asyncio.Task[Any]) -> None:
         """Cancel just the stuck await of ``task``, as ``asyncio.timeout`` does, noting its count."""
         self._cancelling_before = task.cancelling()
-        self.sent = True
+        self.cancel = StuckCancel.SENT
         self.stuck_task = task
         task.cancel(msg=STUCK_MESSAGE)
 
@@ -115,14 +135,14 @@ class Watchdog:
         """
         if not self.cancel_pending or task is None or task is not self.stuck_task:
             return False
-        self.handled = True
+        self.cancel = StuckCancel.HANDLED
         self.stuck_task = None
         return task.uncancel() <= self._cancelling_before
 
     def on_grace(self, gen: AsyncGeneratorType[Any, None] | None, referee: Referee, grace: float) -> bool:
         """``grace`` after the cause, the guard not finished. True when a stuck await was cancelled and
         is to be checked again after a second ``grace``."""
-        if referee.own_ending is not None:
+        if referee.stage.owned:
             return False
         if gen is not None and gen.ag_await is not None:
             # Suspended inside an await of the hot loop: that is the inner stream's __anext__, in
@@ -132,7 +152,7 @@ class Watchdog:
                 # No task is seen waiting through the guard (a step driven by hand, or through an
                 # awaitable the guard cannot look into). Never cancel a task that is not inside the
                 # guard: record the ending without interrupting anyone.
-                self.handled = True
+                self.cancel = StuckCancel.HANDLED
                 referee.record_stuck(
                     f"{STUCK_MESSAGE}; no task waiting in the guard could be found to interrupt: ending "
                     "recorded without it, the consumer stays blocked until the inner stream returns"
@@ -143,7 +163,7 @@ class Watchdog:
                 # wait anyway, and ours could not be told apart from it when it arrives.
                 return False
             # Stuck in the inner stream's await: cancel just that await, as asyncio.timeout does,
-            # and take the cancel back when it reaches the guard (see Guard._on_inner_exit).
+            # and take the cancel back when it reaches the guard (see _Core._on_inner_exit).
             referee.go_slow()
             self.cancel_stuck(task)
             return True
@@ -153,7 +173,7 @@ class Watchdog:
 
     def on_second_grace(self, gen: AsyncGeneratorType[Any, None] | None, referee: Referee) -> None:
         """A second ``grace`` after our cancel, the guard not finished."""
-        if self.handled or gen is None or gen.ag_await is None or self.stuck_task is None:
+        if not self.cancel_pending or gen is None or gen.ag_await is None or self.stuck_task is None:
             return
         # The inner stream swallowed the cancel and is waiting again. Nothing short of running
         # every pull in a task of its own (a cost on every event) can end that wait; record the
@@ -167,7 +187,7 @@ class Watchdog:
 
     def give_back(self) -> None:
         """The inner stream swallowed our cancel: give its task back the cancel count it had."""
-        self.handled = True
+        self.cancel = StuckCancel.HANDLED
         task = self.stuck_task
         self.stuck_task = None
         if task is not None and task.cancelling() > self._cancelling_before:

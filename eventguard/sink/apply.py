@@ -56,7 +56,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeAlias
 from weakref import WeakKeyDictionary, WeakSet
 
 import orjson
@@ -71,6 +71,7 @@ from eventguard.lifecycle import AnomalyKind
 from eventguard.sink import quarantine
 from eventguard.sink.batch import Batch
 from eventguard.sink.serialise import encode_value
+from eventguard.sql.classify import reason
 from eventguard.sql.engine import PreSerialised
 from eventguard.sql.tables import TERMINAL, anomalies, events, responses, sql_list, transitions
 
@@ -143,15 +144,27 @@ _DIALECTS: dict[str, Dialect] = {
 }
 
 
+#: Told that a batch is stored under other attempt numbers: ``(batch, the stream's own
+#: attempt, the new shift, the new stream id)``; the writer renumbers the recorder with it.
+Renumbered: TypeAlias = Callable[[Batch, int, int, str], None]
+
+
 async def write(
-    conn: AsyncConnection, batches: Sequence[Batch], *, rows: bool = True, replay: bool = False
+    conn: AsyncConnection,
+    batches: Sequence[Batch],
+    *,
+    rows: bool = True,
+    replay: bool = False,
+    renumbered: Renumbered | None = None,
 ) -> Written:
     """Write ``batches`` inside the caller's transaction; what it did (refusals, duplicates).
 
-    The batches' events must be serialised already (:meth:`Batch.serialise`). ``rows=False``
+    The batches' events must be serialised already (:meth:`Batch.serialised`). ``rows=False``
     writes only their events, transitions and anomalies (the row is known to be there: the
     writer isolating refused content within a batch). ``replay``: the batches come from the
     spool, and a duplicate's quarantine record already there is not inserted again.
+    ``renumbered``: called for each batch stored under other attempt numbers than it carried
+    (see "One response id, two streams").
     """
     # Before the first statement: SQLAlchemy has not begun the transaction yet. Without the
     # row upsert, no statement through SQLAlchemy would begin it before the COPY (asyncpg's
@@ -162,7 +175,7 @@ async def write(
     kept_transitions: list[dict[str, Any]] = []
     kept: list[Batch] = []
     refused_streams: list[tuple[Batch, Duplicate]] = []
-    verdicts = await _write_rows(conn, batches) if rows else [None] * len(batches)
+    verdicts = await _write_rows(conn, batches, renumbered) if rows else [None] * len(batches)
     for batch, verdict in zip(batches, verdicts, strict=True):
         if isinstance(verdict, Duplicate):
             out.duplicates.append(verdict)
@@ -199,7 +212,9 @@ async def write(
 # -- the response rows --------------------------------------------------------------------------
 
 
-async def _write_rows(conn: AsyncConnection, batches: Sequence[Batch]) -> list[Refusal | Duplicate | None]:
+async def _write_rows(
+    conn: AsyncConnection, batches: Sequence[Batch], renumbered: Renumbered | None
+) -> list[Refusal | Duplicate | None]:
     """Upsert every batch's row; per batch, the refusal or the duplicate (None: written, or
     nothing to write)."""
     out: list[Refusal | Duplicate | None] = [None] * len(batches)
@@ -228,7 +243,7 @@ async def _write_rows(conn: AsyncConnection, batches: Sequence[Batch]) -> list[R
             found = await _stored(conn, {b.response_id for b in chunk})
             for i, b in zip(ids, chunk, strict=True):
                 row = found.get(b.response_id)
-                if tries[i] < _RENUMBER_TRIES and _renumber(b, row):
+                if tries[i] < _RENUMBER_TRIES and _renumber(b, row, renumbered):
                     tries[i] += 1
                     again.append(i)  # stored under another attempt now: its row is written again
                     continue
@@ -286,7 +301,7 @@ def split_stream(stream_id: str) -> tuple[str, int]:
     return stream_id, 0
 
 
-def _renumber(batch: Batch, found: Any) -> bool:
+def _renumber(batch: Batch, found: Any, renumbered: Renumbered | None) -> bool:
     """Store ``batch`` under the attempt its stream has (or takes) in the row ``found``: whether
     that changed it (its row is then written again). See "One response id, two streams".
 
@@ -315,8 +330,8 @@ def _renumber(batch: Batch, found: Any) -> bool:
         return False
     stream = f"{base}{_SHIFT}{new}" if new else base
     _shift_batch(batch, new - shift, stream)
-    if batch.source is not None:
-        batch.source.renumber(own, new, stream)
+    if renumbered is not None:
+        renumbered(batch, own, new, stream)
     return True
 
 
@@ -364,8 +379,8 @@ def _upsert_tail(dialect: Dialect, distinct: str) -> str:
     sets = ", ".join(f"{q(n)} = excluded.{q(n)}" for n in _ROW_VALUES)
     # A batch without a stream (an old spool) never takes the row's stream away.
     sets += f", stream_id = coalesce(excluded.stream_id, {t}.stream_id)"
-    # Never from a terminal state. Within one writer's own attempt, never backwards (a replayed
-    # spool after a newer write); another writer's state is not comparable with ours, so only the
+    # Never from a terminal state. Within one sink's own attempt (its owner), never backwards (a replayed
+    # spool after a newer write); another sink's state is not comparable with ours, so only the
     # terminal guard applies to it.
     moves_forward = (
         f"{t}.owner {distinct} excluded.owner OR {t}.attempt < excluded.attempt"
@@ -698,3 +713,33 @@ def _refusal_anomaly(batch: Batch, refusal: Refusal, refused: list[dict[str, Any
         "event_index": None,
         "payload": encode_value(refused) if refused else None,
     }
+
+
+# -- what applying came to, across writes ------------------------------------------------------------
+@dataclass(slots=True)
+class Tally:
+    """What applying batches came to, summed over writes (a cycle, a replay)."""
+
+    batches: int = 0
+    events: int = 0
+    quarantined: int = 0
+    #: Spool entries that could not be read (a replay's).
+    bad: int = 0
+    refusals: list[Refusal] = field(default_factory=list)
+
+    def add(self, other: Tally) -> None:
+        """Add ``other``'s counts to these."""
+        self.batches += other.batches
+        self.events += other.events
+        self.quarantined += other.quarantined
+        self.bad += other.bad
+        self.refusals.extend(other.refusals)
+
+
+class Stopped(Exception):
+    """An outage stopped a write: ``batches`` are not known to be written; ``cause`` is why."""
+
+    def __init__(self, cause: BaseException, batches: list[Batch]) -> None:
+        super().__init__(reason(cause))
+        self.cause = cause
+        self.batches = batches

@@ -1,15 +1,18 @@
 """One recorder's pending work as plain rows: what the writer writes and the spool keeps.
 
-A batch is self-contained and idempotent to apply: events, transitions and anomalies are keyed,
-and the row update only moves forward. Writing it twice, or replaying it from the spool after it
-was written, changes nothing.
+A batch is plain data (strings, numbers, dicts and lists; no reference to the recorder that took
+it: the writer knows it by the batch's ``stream_id``), self-contained and idempotent to apply:
+events, transitions and anomalies are keyed, and the row update only moves forward. Writing it
+twice, or replaying it from the spool after it was written, changes nothing.
 
 Events are kept as compact tuples (the writer binds them as they are) and serialised lazily:
 :meth:`SqlRecorder.collect <eventguard.sink.recorder.SqlRecorder.collect>` only takes references
-(``raw``), and the writer serialises them in small chunks off the client's critical path.
+(``raw``), and the writer serialises them in small chunks off the client's critical path,
+through the recorder (``SqlRecorder.encode_some``); a batch is written or spooled only once
+``raw`` is done (:meth:`Batch.serialised`).
 
 In the spool a batch is one JSON object (:meth:`Batch.to_json`, :meth:`Batch.from_json`; the
-record around it is :mod:`eventguard.sink.spool`'s). Version 1 of that object::
+entry around it is :mod:`eventguard.sink.spool`'s). Version 1 of that object::
 
     {"response_id": str, "attempt": int, "owner": str, "row": {column: value},
      "terminal": bool, "recorded_at": ISO time | null,
@@ -18,7 +21,7 @@ record around it is :mod:`eventguard.sink.spool`'s). Version 1 of that object::
      "refusal_idx": int | null, "stream_id": str | null}
 
 Times are ISO 8601 strings; event and anomaly payloads are JSON text kept as strings (they come
-back as :class:`~eventguard.sql.engine.PreSerialised`). Version 0 (the spool before records had a header)
+back as :class:`~eventguard.sql.engine.PreSerialised`). Version 0 (the spool before entries had a header)
 is the same object with each event as ``{"response_id", "attempt", "seq", "type", "payload",
 "recorded_at"}``; :meth:`Batch.from_json` reads both.
 
@@ -36,16 +39,13 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 import orjson
 from sqlalchemy import JSON, Boolean, Column, DateTime, Float, Integer, String, Table
 
 from eventguard.sql.engine import PreSerialised
 from eventguard.sql.tables import anomalies, responses, transitions
-
-if TYPE_CHECKING:
-    from eventguard.sink.recorder import SqlRecorder
 
 #: A stored event: ``(attempt, seq, type, payload JSON text)``.
 EventRow: TypeAlias = tuple[int, int, str | None, str]
@@ -84,27 +84,28 @@ class Batch:
     #: The guarded stream that produced it (one per recorder): two streams that carry the same
     #: response id are told apart by it. None in spools written before it existed.
     stream_id: str | None = None
-    #: The recorder that took it (serialises ``raw``); None for a batch read from the spool.
-    source: SqlRecorder | None = field(default=None, repr=False, compare=False)
 
     def event_count(self) -> int:
         return len(self.events) + len(self.raw) - self.raw_done
 
-    def serialise(self) -> None:
-        """Serialise whatever is left of ``raw`` now, in one go (spooling, the rare paths)."""
-        if self.raw_done < len(self.raw):
-            assert self.source is not None, "only a recorder's batch has raw events"
-            self.source.encode_some(self)
+    def serialised(self) -> bool:
+        """Whether every event is serialised (nothing is left of ``raw``)."""
+        return self.raw_done >= len(self.raw)
 
     def to_json(self) -> bytes:
-        """The batch as one line of JSON (version 1, no newline in it). Never raises for content.
+        """The batch as one line of JSON (version 1, no newline in it). Never raises for content;
+        :class:`ValueError` if its events are not all serialised yet (they would be lost).
 
         orjson on the common path; a batch orjson refuses (a lone surrogate anywhere, an integer
         beyond 64 bits) is written in the ``utf8-bytes`` form, which keeps every string exactly.
         """
         # PreSerialised payloads are str subclasses: orjson writes them as JSON strings, and
         # from_json wraps them again, so they are never decoded and re-encoded.
-        self.serialise()
+        if not self.serialised():
+            raise ValueError(
+                f"batch of {self.response_id!r}: {len(self.raw) - self.raw_done} events are not "
+                "serialised yet (SqlRecorder.encode_some)"
+            )
         body = {
             "response_id": self.response_id,
             "attempt": self.attempt,

@@ -6,7 +6,7 @@ guard runs in the same event loop and cannot interleave). The events themselves 
 later, a chunk at a time (:meth:`encode_some`): forwarded events are never mutated, so a
 reference taken now serialises the same later.
 
-Every string a row carries is made storable here, at the boundary (:mod:`eventguard.sink.storable`):
+Every string a row carries is made storable here, at the boundary (:mod:`eventguard.sql.storable`):
 ids by one mapping computed once per recorder, free text escaped reversibly, event types escaped
 and bounded, payloads cleaned by :func:`encode`; each change is a ``sink`` anomaly that says what
 was changed and how.
@@ -23,11 +23,11 @@ import orjson
 from sqlalchemy import Column, String
 
 from eventguard.lifecycle import AnomalyKind, Lifecycle
-from eventguard.sink import storable
 from eventguard.sink.batch import Batch
 from eventguard.sink.serialise import JSON_OPTIONS, NUL, encode
-from eventguard.sink.storable import Fix, nulls_hide_non_finite
+from eventguard.sql import storable
 from eventguard.sql.engine import PreSerialised
+from eventguard.sql.storable import Fix, nulls_hide_non_finite
 from eventguard.sql.tables import TERMINAL, TYPE_LENGTH, anomalies, responses
 
 if TYPE_CHECKING:
@@ -86,6 +86,7 @@ class SqlRecorder:
     """The :class:`eventguard.recording.Recorder` an :class:`SqlSink` hands to each guard."""
 
     __slots__ = (
+        "__weakref__",  # the writer finds a batch's recorder by its stream id, weakly
         "_anomalies_taken",
         "_columns",
         "_done",
@@ -128,7 +129,7 @@ class SqlRecorder:
         self._done: asyncio.Future[None] | None = None
         self.dirty = True  # the row itself is not written yet
         self.closing = False
-        #: Set when the database refused this stream's status (another writer holds a terminal).
+        #: Set when the database refused this stream's status (another sink or stream holds a terminal).
         self.refusal: Refusal | None = None
         #: This stream's identity: another stream with the same response id has another. Once the
         #: writer stores the stream under other attempt numbers (see ``renumber``), its stored form.
@@ -359,7 +360,6 @@ class SqlRecorder:
             recorded_at=now,
             stream_id=self.stream_id,
         )
-        batch.source = self
 
         for t in lc.transitions[self._transitions_taken : n_transitions]:
             batch.transitions.append(

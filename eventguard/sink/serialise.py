@@ -14,8 +14,8 @@ import orjson
 from pydantic import BaseModel
 
 from eventguard.lifecycle import AnomalyKind
-from eventguard.sink.storable import JsonNotes, clean_json, nulls_hide_non_finite
 from eventguard.sql.engine import PreSerialised
+from eventguard.sql.storable import JsonNotes, clean_json, nulls_hide_non_finite
 
 #: ``(event_type, jsonable_event) -> what to store``. Runs in the writer, not on the hot path.
 #: It receives the very dict the client was sent: return a new object, never mutate it.

@@ -1,8 +1,8 @@
 """The local spool: batches the database did not take, kept in append-only files until replayed.
 
-Record format, version 1
+Entry format, version 1
 ------------------------
-A spool file is a sequence of lines. Each record is one line::
+A spool file is a sequence of lines. Each entry is one line::
 
     EG1 <length> <crc32> <json>\\n
 
@@ -13,20 +13,20 @@ A spool file is a sequence of lines. Each record is one line::
 - ``<json>``: the batch, one JSON object in UTF-8 with no newline in it (its fields:
   :mod:`eventguard.sink.batch`).
 
-The four fields are separated by one space (0x20) and the record ends with a newline (0x0A). For
+The four fields are separated by one space (0x20) and the entry ends with a newline (0x0A). For
 example: ``EG1 271 5f0c2a9e {"response_id":"resp_1","attempt":1,...}\\n``.
 
 Every append is one ``os.write`` on an ``O_APPEND`` descriptor, so concurrent appenders (tasks,
-or processes sharing the file) never interleave inside a record. Each append starts with a newline
-of its own: a record a crash cut short (it has no newline) ends there and never merges with the next
-append's records, and its length and checksum show it torn. Readers skip empty lines.
+or processes sharing the file) never interleave inside an entry. Each append starts with a newline
+of its own: an entry a crash cut short (it has no newline) ends there and never merges with the next
+append's entries, and its length and checksum show it torn. Readers skip empty lines.
 
-A line that starts with ``{`` is a version-0 record: a plain JSON batch, as spools were written
-before records had a header. It still replays.
+A line that starts with ``{`` is a version-0 entry: a plain JSON batch, as spools were written
+before entries had a header. It still replays.
 
-Anything else is a :class:`BadRecord`, with a reason a person can read: a torn or garbled line, a
-checksum that does not match, JSON that is not a batch (``"row": null``...), a record of a format
-version this eventguard does not know. Every other record of the file still loads.
+Anything else is a :class:`BadEntry`, with a reason a person can read: a torn or garbled line, a
+checksum that does not match, JSON that is not a batch (``"row": null``...), an entry of a format
+version this eventguard does not know. Every other entry of the file still loads.
 
 Replay
 ------
@@ -38,7 +38,7 @@ writing into a file that has been set aside, so a claimed file no longer changes
 began just before its file was set aside holds it for a moment, and that file is skipped too.
 :meth:`Spool.take` never waits for a lock (it runs on the sink's event loop): a skipped file stays
 pending and the next replay takes it. :meth:`Spool.done`
-removes a file once it is applied (its bad records included: the sink keeps those in the
+removes a file once it is applied (its bad entries included: the sink keeps those in the
 database), :meth:`Spool.release` keeps it for the next replay.
 """
 
@@ -61,41 +61,41 @@ from eventguard.sink.batch import Batch, BatchFormatError
 
 log = logging.getLogger("eventguard.sink")
 
-#: The record format this module writes; it reads this one and version 0.
+#: The entry format this module writes; it reads this one and version 0.
 FORMAT_VERSION = 1
 _MAGIC = b"EG%d " % FORMAT_VERSION
 _REPLAYING = ".replaying-"
 
-# The header of a version-1 record, and the version token of any record.
+# The header of a version-1 entry, and the version token of any entry.
 _HEADER = re.compile(rb"EG1 (0|[1-9][0-9]{0,14}) ([0-9a-f]{8}) ")
 _VERSION = re.compile(rb"EG([0-9]{1,9})(?: |$)")
 
-#: Lines are read in pieces of this size; a line that is no record keeps only this much of itself.
+#: Lines are read in pieces of this size; a line that is no entry keeps only this much of itself.
 _CHUNK = 1 << 20
 #: How often an append retries when the live file is set aside under it.
 _APPEND_TRIES = 100
 
 
 @dataclass(frozen=True, slots=True)
-class BadRecord:
-    """A record that cannot be replayed: torn, garbled, the wrong shape, or of an unknown version."""
+class BadEntry:
+    """An entry that cannot be replayed: torn, garbled, the wrong shape, or of an unknown version."""
 
     path: Path
     #: Its line number in the file, from 1, counting the empty lines appends leave (``sed -n Np``).
     line: int
     #: Why, for a person to read.
     reason: str
-    #: The line as it is in the file, without its newline (only the first MiB of a huge non-record).
+    #: The line as it is in the file, without its newline (only the first MiB of a huge non-entry).
     raw: bytes
 
 
-def encode_record(batch: Batch) -> bytes:
-    """One version-1 record, newline included. Never raises for the batch's content."""
+def encode_entry(batch: Batch) -> bytes:
+    """One version-1 entry, newline included. Never raises for the batch's content."""
     body = batch.to_json()
     return b"%s%d %08x %s\n" % (_MAGIC, len(body), zlib.crc32(body), body)
 
 
-def decode_record(line: bytes) -> Batch | str:
+def decode_entry(line: bytes) -> Batch | str:
     """The batch in one line (without its newline), or why it is not one."""
     return _decode(line, len(line))
 
@@ -141,7 +141,7 @@ def _decode(line: bytes, length: int) -> Batch | str:
 def _keep(head: bytes) -> int:
     """How much of a line that starts with ``head`` is worth keeping in memory."""
     if head.startswith(b"{"):
-        return sys.maxsize  # a version-0 record: it has no length to check against
+        return sys.maxsize  # a version-0 entry: it has no length to check against
     header = _HEADER.match(head)
     if header is not None:
         # Anything beyond its declared length makes it bad anyway.
@@ -152,7 +152,7 @@ def _keep(head: bytes) -> int:
 def _lines(fh: BinaryIO) -> Iterator[tuple[int, bytes, int]]:
     """``(line number, the line without its newline, its length in the file)``, streaming.
 
-    A line is held in memory whole only when it can be a record (up to its declared length);
+    A line is held in memory whole only when it can be an entry (up to its declared length);
     any other line keeps its first ``_CHUNK`` bytes and the rest is skipped as it is read.
     """
     number = 0
@@ -202,10 +202,10 @@ class SpoolFile:
     def claimed(self) -> bool:
         return self._fh is not None
 
-    def records(self) -> Iterator[Batch | BadRecord]:
-        """Every record of the file, in order, streaming: one line in memory at a time.
+    def entries(self) -> Iterator[Batch | BadEntry]:
+        """Every entry of the file, in order, streaming: one line in memory at a time.
 
-        Never raises for the file's content: what cannot be loaded is a :class:`BadRecord`.
+        Never raises for the file's content: what cannot be loaded is a :class:`BadEntry`.
         One iteration at a time (each starts from the beginning of the file).
         """
         fh = self._claimed()
@@ -217,32 +217,32 @@ class SpoolFile:
             if isinstance(found, str):
                 if length > len(line):
                     found = f"{found} (a line of {length} bytes: its first {len(line)} kept)"
-                yield BadRecord(self.path, number, found, line)
+                yield BadEntry(self.path, number, found, line)
             else:
                 yield found
 
     def size_bytes(self) -> int:
         return os.fstat(self._claimed().fileno()).st_size
 
-    # Kept for callers written before records(): the whole file in memory, read once.
+    # Kept for callers written before entries(): the whole file in memory, read once.
     @property
     def batches(self) -> list[Batch]:
-        """Every batch of the file (loads it whole; prefer :meth:`records`)."""
+        """Every batch of the file (loads it whole; prefer :meth:`entries`)."""
         if self._batches is None:
             batches: list[Batch] = []
             bad = 0
-            for record in self.records():
-                if isinstance(record, BadRecord):
+            for entry in self.entries():
+                if isinstance(entry, BadEntry):
                     bad += 1
                 else:
-                    batches.append(record)
+                    batches.append(entry)
             self._batches, self._bad = batches, bad
         return self._batches
 
     @property
     def bad_lines(self) -> int:
-        """How many records of the file are bad (loads it whole; prefer :meth:`records`)."""
-        self.batches  # noqa: B018  # loads the file, counting the bad records
+        """How many entries of the file are bad (loads it whole; prefer :meth:`entries`)."""
+        self.batches  # noqa: B018  # loads the file, counting the bad entries
         return self._bad
 
     def _claimed(self) -> BinaryIO:
@@ -268,11 +268,11 @@ class Spool:
         self.fsync = fsync
 
     def append(self, batches: Iterable[Batch]) -> int:
-        """Append ``batches`` as records, in one write; how many. Raises OSError only."""
-        records = [encode_record(b) for b in batches]
-        if not records:
+        """Append ``batches`` as entries, in one write; how many. Raises OSError only."""
+        entries = [encode_entry(b) for b in batches]
+        if not entries:
             return 0
-        data = b"\n" + b"".join(records)  # the newline first: see "Record format" above
+        data = b"\n" + b"".join(entries)  # the newline first: see "Entry format" above
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = self._open_live()
         try:
@@ -283,7 +283,7 @@ class Spool:
                 os.fsync(fd)
         finally:
             os.close(fd)  # releases the shared lock
-        return len(records)
+        return len(entries)
 
     def pending(self) -> bool:
         """Whether anything waits for replay (claimed by another process included)."""
@@ -321,9 +321,9 @@ class Spool:
     def done(self, file: SpoolFile) -> None:
         """``file`` is applied: remove it and release the claim.
 
-        Its bad records go with it: :meth:`SpoolFile.records` handed each to the caller to keep.
+        Its bad entries go with it: :meth:`SpoolFile.entries` handed each to the caller to keep.
         Only a file read through the older :attr:`SpoolFile.batches`, which hands out no bad
-        records, is kept as ``<name>.corrupt-...`` when it had some, for a person to look at.
+        entries, is kept as ``<name>.corrupt-...`` when it had some, for a person to look at.
         """
         if not file.claimed:
             raise ValueError(f"{file.path} is not claimed (already done or released)")

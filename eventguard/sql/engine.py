@@ -25,6 +25,7 @@ __all__ = [
     "ENV_URL",
     "SQLITE_BEGIN_OPTION",
     "PreSerialised",
+    "borrow_engine",
     "create_engine",
     "resolve_url",
     "safe_url",
@@ -372,6 +373,86 @@ def create_engine(
     kwargs["connect_args"] = connect_args
     kwargs["pool_pre_ping"] = True
     return create_async_engine(url, **kwargs)
+
+
+class BorrowedEngine(AsyncEngine):
+    """An engine over an application's connection pool: eventguard's settings, their connections.
+
+    Disposing it never closes a connection of theirs: it lets go of the pool (``close=False``), which
+    stays the application's, open, for the application to dispose.
+    """
+
+    async def dispose(self, close: bool = True) -> None:
+        del close  # the pool is not ours to close
+        await super().dispose(close=False)
+
+
+def borrow_engine(
+    engine: AsyncEngine,
+    *,
+    schema: str | None = None,
+    busy_timeout_ms: int = 30_000,
+    statement_timeout: float | None = 60.0,
+) -> AsyncEngine:
+    """An engine eventguard may use beside the application's own ``engine``, never closing it.
+
+    PostgreSQL (asyncpg): a :class:`BorrowedEngine` over the application's pool, so eventguard takes
+    its connections from the pool the application sized. eventguard's JSON encoding is a setting of
+    its own engine (bind time), while connections keep the application's JSON decoder; ``schema``
+    and ``statement_timeout`` are set per transaction (``SET LOCAL``), since the connections were
+    opened by the application without them.
+
+    SQLite: eventguard opens its own connections to the same file (SQLite connections are cheap,
+    and the transaction mode eventguard needs, ``BEGIN IMMEDIATE`` with WAL, must not change the
+    application's connections), so this is a new engine of eventguard's, disposed as usual. An
+    in-memory database cannot be shared that way: ``ValueError``.
+
+    Raises ``ValueError`` for a database or driver eventguard does not write through (PostgreSQL
+    must use asyncpg: the sink's bulk path is asyncpg's COPY).
+    """
+    if not isinstance(engine, AsyncEngine):
+        raise TypeError(f"engine= takes a SQLAlchemy AsyncEngine, not {type(engine).__name__}")
+    url = engine.url
+    backend, driver = url.get_backend_name(), url.get_driver_name()
+    if backend == "sqlite":
+        if driver != "aiosqlite":
+            raise ValueError(f"an SQLite engine for eventguard must use aiosqlite, not {driver!r}")
+        if sqlite_path(url) is None:
+            raise ValueError(
+                "an in-memory SQLite engine cannot be shared: eventguard opens its own connections to "
+                "the same database file; give the application's engine a file URL"
+            )
+        return create_engine(url, schema=schema, busy_timeout_ms=busy_timeout_ms)
+    if backend != "postgresql" or driver != "asyncpg":
+        raise ValueError(
+            f"unsupported engine {backend}+{driver}: eventguard writes to sqlite+aiosqlite and "
+            "postgresql+asyncpg"
+        )
+    if schema is not None and (not schema or "\x00" in schema or len(schema.encode("utf-8", "replace")) > 63):
+        raise ValueError("schema= must be a PostgreSQL name: 1 to 63 bytes, no NUL")
+    ours = create_async_engine(
+        url,
+        pool=engine.sync_engine.pool,
+        json_serializer=_json_serializer,
+        # The codec is installed on the pool's connections: keep the application's decoder.
+        json_deserializer=engine.dialect._json_deserializer,
+    )
+    borrowed = BorrowedEngine(ours.sync_engine)
+    # Both in one round trip per transaction (set_config(..., true) is SET LOCAL), as parameters.
+    settings: dict[str, str] = {}
+    if schema is not None:
+        settings["search_path"] = borrowed.dialect.identifier_preparer.quote_schema(schema)
+    if statement_timeout is not None:
+        settings["statement_timeout"] = str(max(1, int(statement_timeout * 1000)))
+    if settings:
+        calls = ", ".join(f"set_config('{name}', ${i}, true)" for i, name in enumerate(settings, 1))
+        statement, values = f"SELECT {calls}", tuple(settings.values())
+
+        @event.listens_for(borrowed.sync_engine, "begin")
+        def _per_transaction(conn: Any) -> None:
+            conn.exec_driver_sql(statement, values)
+
+    return borrowed
 
 
 def _statement_name() -> str:

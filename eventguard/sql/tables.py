@@ -213,3 +213,100 @@ SELECT pk, response_id, status, cause, attempt, created_at, started_at, finished
 FROM {PREFIX}responses
 WHERE status IN ({sql_list(ENDED)})
 """
+
+
+# -- the host's response store (eventguard.provider) -----------------------------------------------
+#
+# What ``ResponsesHostServer`` reads back through its ``response_store``: envelopes, items, which
+# items a response took as input and produced as output, conversation membership, and the
+# history item ids each response was created with. Every id the host hands over may hold any
+# string (NUL, lone surrogates, a megabyte), so rows are keyed by the SHA-256 of the exact id
+# (``*_key``, 64 hex digits): fixed width, indexable, collision-free in practice. The exact values
+# live in ``body`` / ``item_id`` as ASCII text (see ``eventguard.provider``); ``response_id`` and
+# ``item_id_shown`` are the sink's storable form of the id (``storable.identifier``), for people
+# and for joins with ``eventguard_responses``.
+
+#: A partition or id key: the SHA-256 hex digest of the exact string (or "anonymous").
+KEY = String(64)
+
+provider_responses = Table(
+    f"{PREFIX}provider_responses",
+    metadata,
+    # Creation order (a re-created response keeps its row and so its place).
+    Column("pk", BigId, primary_key=True, autoincrement=True),
+    # ``context.user_id_key``: "anonymous" for None, else the SHA-256 of the key ("" is a key).
+    Column("partition", KEY, nullable=False),
+    Column("response_key", KEY, nullable=False),
+    Column("response_id", ID, nullable=False),
+    # The envelope's own ``status``, copied out for `verify` and retention (the body has it too).
+    Column("status", String(32)),
+    Column("conversation_id", ID),
+    # The envelope as ASCII JSON text, exactly as given (NULL once deleted).
+    Column("body", Text),
+    # The last node of the history item ids the response was created with (NULL: none); nodes
+    # are shared, so a long previous_response_id chain stores each history id once.
+    Column("history_node", KEY),
+    Column("deleted", Boolean, nullable=False, server_default=text("false")),
+    Column("created_at", TS, nullable=False),
+    Column("updated_at", TS, nullable=False),
+    Column("deleted_at", TS),
+    # Bumped on every write: optimistic concurrency for whoever reads, then writes (replicas).
+    Column("version", Integer, nullable=False, server_default=text("1")),
+    UniqueConstraint("partition", "response_key"),
+    Index(None, "response_id"),
+    Index(None, "updated_at"),
+)
+
+provider_items = Table(
+    f"{PREFIX}provider_items",
+    metadata,
+    Column("partition", KEY, nullable=False),
+    Column("item_key", KEY, nullable=False),
+    Column("item_id_shown", ID, nullable=False),
+    # The item as ASCII JSON text; the last write of an id wins, as in the host's own stores.
+    Column("body", Text, nullable=False),
+    Column("updated_at", TS, nullable=False),
+    PrimaryKeyConstraint("partition", "item_key"),
+    Index(None, "updated_at"),
+)
+
+#: Which items a response took as input and produced as output, in order (duplicates kept).
+PROVIDER_ROLES = ("input", "output")
+provider_links = Table(
+    f"{PREFIX}provider_links",
+    metadata,
+    Column("response_pk", BigId, ForeignKey(provider_responses.c.pk, ondelete="CASCADE"), nullable=False),
+    Column("role", String(8), nullable=False),
+    Column("position", Integer, nullable=False),
+    Column("item_key", KEY, nullable=False),
+    # The exact id (see eventguard.provider's encoding): an id may name an item never stored.
+    Column("item_id", Text, nullable=False),
+    PrimaryKeyConstraint("response_pk", "role", "position"),
+    CheckConstraint(f"role IN ({sql_list(PROVIDER_ROLES)})", name="role"),
+    Index(None, "item_key"),
+)
+
+#: History item ids as a shared, content-addressed list: a node is (its parent, one id), keyed by
+#: the SHA-256 of the whole list up to it, so two responses whose histories share a prefix share
+#: its nodes, and turn n of a chain adds only the ids turn n-1 added (O(n) rows, not O(n^2)).
+provider_history = Table(
+    f"{PREFIX}provider_history",
+    metadata,
+    Column("node", KEY, primary_key=True),
+    Column("parent", KEY),
+    Column("depth", Integer, nullable=False),
+    Column("item_id", Text, nullable=False),
+)
+
+provider_conversations = Table(
+    f"{PREFIX}provider_conversations",
+    metadata,
+    # Membership order: a response joins a conversation once, at its first creation.
+    Column("seq", BigId, primary_key=True, autoincrement=True),
+    Column("partition", KEY, nullable=False),
+    Column("conversation_key", KEY, nullable=False),
+    Column("response_key", KEY, nullable=False),
+    UniqueConstraint(
+        "partition", "conversation_key", "response_key", name="uq_eventguard_provider_conversations_member"
+    ),
+)

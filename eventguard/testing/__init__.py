@@ -1,8 +1,9 @@
 """eventguard's test kit: what its own tests and ``eventguard demo`` use, public for yours.
 
 - Scripted streams (:mod:`eventguard.testing.streams`, no host needed): :func:`event`, :func:`terminal`,
-  :func:`stream_events`, :class:`Scripted` (faults before chosen events, counts its closes) and
-  :func:`host_context` (the response context the guard reads).
+  :func:`stream_events`, :class:`Scripted` (faults before chosen events, counts its closes),
+  :func:`block_ignoring_signal` (a ``before`` hook for a stuck stream) and :func:`host_context` (the
+  response context the guard reads).
 - Scripted hosts (:mod:`eventguard.testing.host`, model-free parts for a real ``ResponsesHostServer``):
   :func:`workflow_agent` (an executor that completes, raises, streams or suspends),
   :class:`ScriptedChatClient` and :func:`chat_agent`, :class:`Probe` (what happened inside, to wait
@@ -33,7 +34,14 @@ if TYPE_CHECKING:
         workflow_agent,
     )
     from eventguard.testing.server import loopback_server, wait_until
-    from eventguard.testing.streams import Scripted, event, host_context, stream_events, terminal
+    from eventguard.testing.streams import (
+        Scripted,
+        block_ignoring_signal,
+        event,
+        host_context,
+        stream_events,
+        terminal,
+    )
     from eventguard.testing.taps import TERMINAL_TYPES, Seen, seen, tap
 
 _WHERE = {
@@ -48,6 +56,7 @@ _WHERE = {
     "loopback_server": "server",
     "wait_until": "server",
     "Scripted": "streams",
+    "block_ignoring_signal": "streams",
     "event": "streams",
     "host_context": "streams",
     "stream_events": "streams",
@@ -66,6 +75,7 @@ __all__ = [
     "ScriptedChatClient",
     "Seen",
     "WorkflowBehaviour",
+    "block_ignoring_signal",
     "chat_agent",
     "event",
     "host_context",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["Scripted", "event", "host_context", "stream_events", "terminal"]
+__all__ = ["Scripted", "block_ignoring_signal", "event", "host_context", "stream_events", "terminal"]
 
 _STARTS = frozenset({"response.created", "response.queued", "response.in_progress"})
 
@@ -108,3 +108,10 @@ class Scripted:
         self.closes += 1
         assert self._gen is not None
         await self._gen.aclose()
+
+
+async def block_ignoring_signal() -> None:
+    """Block for an hour: an inner stream's executor that ignores the cancellation signal but not task
+    cancellation. As a :class:`Scripted` ``before`` hook it makes the stream stuck at that position
+    (the watchdog's case); cancel the task to end the wait."""
+    await asyncio.sleep(3600)

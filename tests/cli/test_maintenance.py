@@ -15,7 +15,13 @@ from .conftest import STEP, Cli, record
 def test_prune_keeps_summaries(filled: str) -> None:
     cli = Cli(filled)
     nothing = json.loads(cli("prune", "--older-than", "1d", "--json").stdout)
-    assert nothing == {"responses": 0, "events": 0, "transitions": 0, "anomalies": 0}
+    assert nothing == {
+        "responses": 0,
+        "events": 0,
+        "transitions": 0,
+        "anomalies": 0,
+        "response_store": {"envelopes": 0, "items": 0, "history_nodes": 0},
+    }
     result = cli("prune", "--older-than", "0s")
     assert result.exit_code == 0, result.output
     assert "0 response rows" in result.stdout and "transitions" in result.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 
@@ -15,7 +16,7 @@ STEERING = Flags(signal=True)
 SHUTDOWN = Flags(shutdown=True)
 SHUTDOWN_SIGNALLED = Flags(signal=True, shutdown=True)
 CLIENT_CANCEL = Flags(signal=True, client_cancelled=True)
-EXITING = Flags(process_exiting=True)  # SIGTERM reached the process; the host did not tell this run
+PROCESS_SHUTDOWN = Flags(process_shutdown=True)  # SIGTERM reached the process; the host did not tell this run
 DEFAULT = GuardOptions()
 EMIT = GuardOptions(on_cancel="emit")
 KEEP = GuardOptions(keep_shutdown_completion=True)
@@ -23,19 +24,26 @@ RECOVERABLE = GuardOptions(recoverable=True)
 
 ROWS = [
     # (inner ending, flags then, options, forwarded, lifecycle state, cause)
-    # The process is exiting: it explains an ending that is not a terminal, never replaces a terminal.
-    (Ending.RAISED_CANCELLED, EXITING, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
-    (Ending.RAISED_CANCELLED, EXITING, RECOVERABLE, Forward.NOTHING, State.INTERRUPTED, Cause.SHUTDOWN),
-    (Ending.NO_TERMINAL, EXITING, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
-    (Ending.STUCK, EXITING, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
-    (Ending.ABANDONED, EXITING, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
-    (Ending.CLOSED_EARLY, EXITING, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
-    (Ending.COMPLETED, EXITING, DEFAULT, Forward.PASS, State.COMPLETED, Cause.NORMAL),
-    (Ending.INCOMPLETE, EXITING, DEFAULT, Forward.PASS, State.INCOMPLETE, Cause.NORMAL),
-    (Ending.FAILED, EXITING, DEFAULT, Forward.PASS, State.FAILED, Cause.ERROR),
+    # The process is shutting down: it explains an ending that is not a terminal, never replaces a terminal.
+    (Ending.RAISED_CANCELLED, PROCESS_SHUTDOWN, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
     (
         Ending.RAISED_CANCELLED,
-        Flags(signal=True, client_cancelled=True, process_exiting=True),
+        PROCESS_SHUTDOWN,
+        RECOVERABLE,
+        Forward.NOTHING,
+        State.INTERRUPTED,
+        Cause.SHUTDOWN,
+    ),
+    (Ending.NO_TERMINAL, PROCESS_SHUTDOWN, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.STUCK, PROCESS_SHUTDOWN, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.ABANDONED, PROCESS_SHUTDOWN, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.CLOSED_EARLY, PROCESS_SHUTDOWN, DEFAULT, Forward.NOTHING, State.FAILED, Cause.SHUTDOWN),
+    (Ending.COMPLETED, PROCESS_SHUTDOWN, DEFAULT, Forward.PASS, State.COMPLETED, Cause.NORMAL),
+    (Ending.INCOMPLETE, PROCESS_SHUTDOWN, DEFAULT, Forward.PASS, State.INCOMPLETE, Cause.NORMAL),
+    (Ending.FAILED, PROCESS_SHUTDOWN, DEFAULT, Forward.PASS, State.FAILED, Cause.ERROR),
+    (
+        Ending.RAISED_CANCELLED,
+        Flags(signal=True, client_cancelled=True, process_shutdown=True),
         DEFAULT,
         Forward.NOTHING,
         State.CANCELLED,
@@ -140,7 +148,7 @@ def test_on_cancel_is_compared_by_value_not_identity() -> None:
 
 def test_a_terminal_is_settled_as_a_cancel_only_by_a_client_cancel_at_the_end() -> None:
     kept = decide(Ending.COMPLETED, NONE)
-    for flags in (NONE, STEERING, SHUTDOWN, EXITING):
+    for flags in (NONE, STEERING, SHUTDOWN, PROCESS_SHUTDOWN):
         assert settle(kept, flags) is kept
     settled = settle(kept, CLIENT_CANCEL)
     assert (settled.forward, settled.state, settled.cause) == (
@@ -157,3 +165,27 @@ def test_only_a_completion_is_marked_unverified() -> None:
         assert marked.reason == f"inner stream {ending.value}; why: not verified"
     failed = decide(Ending.FAILED, NONE)
     assert unverified(failed, "why") is failed
+
+
+def test_the_old_name_process_exiting_still_works_and_says_it_is_deprecated() -> None:
+    """``Flags.process_exiting`` was renamed ``process_shutdown`` (one word for the process exit, as
+    ``guard(process_shutdown=...)``); the old keyword and attribute still work, with a warning."""
+    with pytest.warns(DeprecationWarning, match="process_shutdown"):
+        old = Flags(process_exiting=True)
+    assert old == Flags(process_shutdown=True)
+    with pytest.warns(DeprecationWarning, match="process_shutdown"):
+        assert Flags(False, False, False, True).process_exiting is True
+    with pytest.warns(DeprecationWarning, match="process_shutdown"):
+        assert Flags(process_exiting=False) == Flags()
+
+
+def test_flags_built_by_the_new_names_do_not_warn() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        flags = dataclasses.replace(Flags(signal=True), process_shutdown=True)
+    assert (flags.signal, flags.client_cancelled, flags.shutdown, flags.process_shutdown) == (
+        True,
+        False,
+        False,
+        True,
+    )

@@ -22,8 +22,7 @@ from typing import Any
 import pytest
 
 from eventguard import Cause, Lifecycle, State, guard
-
-from .scripted import make_context, stream_events
+from eventguard.testing.streams import host_context, stream_events
 
 BOUND = 5.0
 
@@ -119,7 +118,7 @@ async def test_a_guard_dropped_after_break_is_finalised_closed_early(
     # The test keeps the signal (and the context's shutdown event) alive, as the host does: what the
     # watchdog waits on must not keep the guard alive.
     signal: Any = asyncio.Event() if signal_kind == "asyncio.Event" else PlainSignal()
-    ctx = make_context()
+    ctx = host_context()
     lc, ref = await break_and_drop(inner, signal, context=ctx, cancel_grace=cancel_grace, steps=3)
     await collect_until(lambda: lc.ended and not other_tasks())
     assert (lc.state, lc.cause) == (State.FAILED, Cause.CLOSED_EARLY)
@@ -154,7 +153,7 @@ async def test_a_dropped_guard_is_ended_by_the_cause_flags_of_that_moment() -> N
     # The decision table decides, as for any close: a client cancel before the drop is a cancel.
     inner = Inner(stream_events(5))
     signal = asyncio.Event()
-    ctx = make_context()
+    ctx = host_context()
     ctx.client_cancelled = True
     signal.set()
     lc, _ = await break_and_drop(inner, signal, context=ctx, cancel_grace=10.0, steps=2)
@@ -167,7 +166,7 @@ async def test_a_guard_dropped_after_its_terminal_keeps_the_terminal() -> None:
     events = stream_events(2)
     inner = Inner(events)
     lc, _ = await break_and_drop(
-        inner, asyncio.Event(), context=make_context(), cancel_grace=10.0, steps=len(events)
+        inner, asyncio.Event(), context=host_context(), cancel_grace=10.0, steps=len(events)
     )
     await collect_until(lambda: lc.ended and not other_tasks())
     assert (lc.state, lc.cause) == (State.COMPLETED, Cause.NORMAL)
@@ -188,7 +187,7 @@ async def test_the_ending_of_a_dropped_guard_does_not_wait_for_cancel_grace() ->
     # Recorded as soon as the collector finds the guard, well within cancel_grace (here an hour).
     inner = Inner(stream_events(5))
     loop = asyncio.get_running_loop()
-    lc, _ = await break_and_drop(inner, asyncio.Event(), context=make_context(), cancel_grace=3600.0, steps=1)
+    lc, _ = await break_and_drop(inner, asyncio.Event(), context=host_context(), cancel_grace=3600.0, steps=1)
     start = loop.time()
     await collect_until(lambda: lc.ended)
     assert loop.time() - start < 1.0
@@ -201,7 +200,7 @@ async def test_a_consumer_task_that_breaks_and_ends_leaves_nothing_behind() -> N
     holder = SimpleNamespace(lc=None)
 
     async def consumer() -> None:
-        g = guard(inner.stream(), signal, context=make_context(), cancel_grace=0.05)
+        g = guard(inner.stream(), signal, context=host_context(), cancel_grace=0.05)
         holder.lc = g.lifecycle
         async for _ in g:
             break
@@ -218,7 +217,7 @@ async def test_a_consumer_task_that_breaks_and_ends_leaves_nothing_behind() -> N
 
 async def test_the_watchdog_holds_no_strong_reference_to_its_guard() -> None:
     signal = asyncio.Event()
-    g = guard(Inner(stream_events(3)).stream(), signal, context=make_context(), cancel_grace=10.0)
+    g = guard(Inner(stream_events(3)).stream(), signal, context=host_context(), cancel_grace=10.0)
     async with asyncio.timeout(BOUND), g:
         await g.__anext__()
         (watchdog,) = [

@@ -22,8 +22,7 @@ import pydantic
 import pytest
 
 from eventguard import Cause, Lifecycle, State, guard
-
-from .scripted import make_context
+from eventguard.testing.streams import host_context
 
 BOUND = 5.0
 RID = "resp_obj"
@@ -258,7 +257,7 @@ async def test_enum_types_and_statuses_are_read_by_their_value() -> None:
 async def test_a_synthesised_terminal_is_built_on_an_object_snapshot() -> None:
     # Shutdown before the completion: the guard replaces it with a response.failed built on the last
     # snapshot, which came from an object.
-    ctx = make_context()
+    ctx = host_context()
     ctx.shutdown.set()
     events = run_events(namespace)
     out, lc = await guarded(events, context=ctx)
@@ -309,7 +308,7 @@ async def test_a_completion_whose_start_was_never_read_is_completed_unverified(t
 
 
 async def test_a_recovered_run_that_never_replays_its_start_is_completed_unverified() -> None:
-    ctx = make_context()
+    ctx = host_context()
     ctx.is_recovery = True
     end = {"type": "response.completed", "response": {"id": RID, "status": "completed"}}
     out, lc = await guarded([end], context=ctx)

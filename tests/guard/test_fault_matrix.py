@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from eventguard import ENDED_STATES, State, guard
-
-from .scripted import Scripted, block_ignoring_signal, make_context, stream_events
+from eventguard.testing.streams import Scripted, block_ignoring_signal, host_context, stream_events
 
 EVENTS = 20  # created, in_progress, 17 deltas, completed
 POSITIONS = range(EVENTS + 1)  # a fault before event i; EVENTS means after the last event
@@ -55,7 +54,7 @@ async def test_fault(fault: str, i: int) -> None:
     events = stream_events(EVENTS - 3)
     assert len(events) == EVENTS
     signal = asyncio.Event()
-    ctx = make_context()
+    ctx = host_context()
     consumer: asyncio.Task[Any] | None = None
     flags_set_at: list[int] = []
 

@@ -9,8 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventguard import ALLOWED_TRANSITIONS, ENDED_STATES, State, guard
-
-from .scripted import Scripted, event, make_context, terminal
+from eventguard.testing.streams import Scripted, event, host_context, terminal
 
 LIFECYCLE = st.sampled_from(
     [event("response.created"), event("response.queued"), event("response.in_progress")]
@@ -54,7 +53,7 @@ def test_invariants(events: list[Any], flags: dict[int, str], with_context: bool
 
 async def _check(events: list[Any], flags: dict[int, str], with_context: bool, on_cancel: str) -> None:
     signal = asyncio.Event()
-    ctx = make_context()
+    ctx = host_context()
     client_cancel_at: list[int] = []
 
     def setter(position: int, flag: str) -> Any:

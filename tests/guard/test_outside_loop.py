@@ -17,8 +17,7 @@ import pytest
 
 from eventguard import EventGuardError, Lifecycle, State, guard
 from eventguard.errors import GuardOutsideLoop
-
-from .scripted import Scripted, stream_events
+from eventguard.testing.streams import Scripted, stream_events
 
 ADVICE = "build the guard inside the coroutine that iterates it"
 

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from eventguard import Cause, GuardAlreadyUsed, NotAsyncIterable, State, guard
-
-from .scripted import Scripted, block_ignoring_signal, make_context, stream_events, terminal
+from eventguard.testing.streams import Scripted, block_ignoring_signal, host_context, stream_events, terminal
 
 BOUND = 5.0
 
@@ -24,7 +23,7 @@ async def drain(g: Any) -> list[Any]:
 async def test_normal_run_passes_the_same_objects_through() -> None:
     events = stream_events()
     inner = Scripted(events)
-    g = guard(inner, asyncio.Event(), context=make_context())
+    g = guard(inner, asyncio.Event(), context=host_context())
     async with g:
         out = await drain(g)
     assert len(out) == len(events)
@@ -42,7 +41,7 @@ async def test_plain_async_for_without_async_with_closes_the_inner_at_the_end() 
 
 async def test_guard_closed_before_its_first_step_closes_the_inner_once() -> None:
     inner = Scripted(stream_events(3))
-    g = guard(inner, asyncio.Event(), context=make_context())
+    g = guard(inner, asyncio.Event(), context=host_context())
     await g.aclose()
     await g.aclose()
     assert inner.closes == 1
@@ -88,7 +87,7 @@ def test_not_async_iterable_is_a_typed_error() -> None:
 async def test_outside_cancellation_propagates_and_timeout_still_fires() -> None:
     # Property 3: the guard never swallows a cancel; asyncio.timeout still turns it into TimeoutError.
     inner = Scripted(stream_events(3, final=None), before={5: block_ignoring_signal})
-    g = guard(inner, asyncio.Event(), context=make_context())
+    g = guard(inner, asyncio.Event(), context=host_context())
     task = asyncio.current_task()
     assert task is not None
     before = task.cancelling()
@@ -103,7 +102,7 @@ async def test_outside_cancellation_propagates_and_timeout_still_fires() -> None
 
 async def test_stuck_inner_is_abandoned_after_grace_and_cancelling_is_unchanged() -> None:
     signal = asyncio.Event()
-    ctx = make_context()
+    ctx = host_context()
 
     def client_cancel() -> Any:
         ctx.client_cancelled = True
@@ -142,7 +141,7 @@ async def test_outside_cancel_during_stuck_handling_is_not_taken_back() -> None:
 async def test_signal_already_set_before_the_first_event_follows_the_same_rules() -> None:
     signal = asyncio.Event()
     signal.set()
-    ctx = make_context()
+    ctx = host_context()
     ctx.client_cancelled = True
     g = guard(Scripted(stream_events(3)), signal, context=ctx)
     out = await drain(g)
@@ -163,7 +162,7 @@ async def test_event_ready_with_the_signal_is_forwarded() -> None:
     # Property 5, the rule: an event the inner stream already produced is forwarded even when the
     # signal is set at the same moment; only the terminal is decided by the flags.
     signal = asyncio.Event()
-    ctx = make_context()
+    ctx = host_context()
 
     def cancel_now() -> None:
         ctx.client_cancelled = True
@@ -197,7 +196,7 @@ async def test_no_cancel_reaches_the_consumer_between_events() -> None:
 
 async def test_host_that_stops_iterating_after_a_client_cancel_is_recorded_within_grace() -> None:
     signal = asyncio.Event()
-    ctx = make_context()
+    ctx = host_context()
     g = guard(Scripted(stream_events(3)), signal, context=ctx, cancel_grace=0.05)
     async with asyncio.timeout(BOUND):
         await g.__anext__()
@@ -211,7 +210,7 @@ async def test_host_that_stops_iterating_after_a_client_cancel_is_recorded_withi
 
 
 async def test_shutdown_completion_is_replaced_by_a_failed_terminal() -> None:
-    ctx = make_context()
+    ctx = host_context()
     inner = Scripted(stream_events(2), before={4: ctx.shutdown.set})
     g = guard(inner, asyncio.Event(), context=ctx)
     out = await drain(g)
@@ -223,7 +222,7 @@ async def test_shutdown_completion_is_replaced_by_a_failed_terminal() -> None:
 
 
 async def test_shutdown_completion_can_be_kept_and_is_flagged_unverified() -> None:
-    ctx = make_context()
+    ctx = host_context()
     inner = Scripted(stream_events(2), before={4: ctx.shutdown.set})
     g = guard(inner, asyncio.Event(), context=ctx, keep_shutdown_completion=True)
     out = await drain(g)
@@ -233,7 +232,7 @@ async def test_shutdown_completion_can_be_kept_and_is_flagged_unverified() -> No
 
 async def test_emit_mode_sends_one_cancelled_terminal() -> None:
     signal = asyncio.Event()
-    ctx = make_context()
+    ctx = host_context()
 
     def cancel_now() -> None:
         ctx.client_cancelled = True
@@ -247,7 +246,7 @@ async def test_emit_mode_sends_one_cancelled_terminal() -> None:
 
 
 async def test_missing_terminal_gets_a_failed_terminal() -> None:
-    g = guard(Scripted(stream_events(2, final=None)), asyncio.Event(), context=make_context())
+    g = guard(Scripted(stream_events(2, final=None)), asyncio.Event(), context=host_context())
     out = await drain(g)
     assert out[-1]["type"] == "response.failed"
     assert out[-1]["response"]["error"]["code"] == "missing_terminal"
@@ -256,7 +255,7 @@ async def test_missing_terminal_gets_a_failed_terminal() -> None:
 
 async def test_steering_keeps_the_terminal_and_marks_it() -> None:
     signal = asyncio.Event()
-    g = guard(Scripted(stream_events(2), before={3: signal.set}), signal, context=make_context())
+    g = guard(Scripted(stream_events(2), before={3: signal.set}), signal, context=host_context())
     out = await drain(g)
     assert out[-1]["type"] == "response.completed"
     assert g.lifecycle.state is State.COMPLETED and g.lifecycle.steering_cut_short
@@ -267,7 +266,7 @@ async def test_inner_exception_is_reraised_and_recorded_with_its_type() -> None:
         raise ValueError("executor raised")
 
     inner = Scripted(stream_events(2), before={3: boom})
-    g = guard(inner, asyncio.Event(), context=make_context())
+    g = guard(inner, asyncio.Event(), context=host_context())
     with pytest.raises(ValueError, match="executor raised"):
         await drain(g)
     assert inner.closes == 1
@@ -286,7 +285,7 @@ async def test_base_exception_passes_through_untouched() -> None:
         raise exc
 
     inner = Scripted(stream_events(2), before={3: leave})
-    g = guard(inner, asyncio.Event(), context=make_context())
+    g = guard(inner, asyncio.Event(), context=host_context())
     with pytest.raises(ExitForRecovery) as caught:
         await drain(g)
     assert caught.value is exc
@@ -305,7 +304,7 @@ async def test_second_terminal_and_event_after_terminal_are_dropped_as_anomalies
 
 
 async def test_recovered_reentry_is_a_new_attempt() -> None:
-    ctx = make_context()
+    ctx = host_context()
     ctx.is_recovery = True
     g = guard(Scripted(stream_events(1)), asyncio.Event(), context=ctx)
     await drain(g)
@@ -335,7 +334,7 @@ async def test_shutdown_without_terminal_is_interrupted_only_on_a_resilient_host
     durable: bool, expected: State
 ) -> None:
     # Only a resilient host recovers a run (it gives it a durable task context); elsewhere it is lost.
-    ctx = make_context(background=True, store=True)
+    ctx = host_context(background=True, store=True)
     ctx._task_context = object() if durable else None
     inner = Scripted(stream_events(2, final=None), before={4: ctx.shutdown.set})
     g = guard(inner, asyncio.Event(), context=ctx)
@@ -350,7 +349,7 @@ async def test_a_run_cancelled_once_the_process_is_exiting_was_stopped_by_shutdo
 ) -> None:
     # A background run the host never told about shutdown (its context's flag stays clear): the exit
     # cancels it. That is shutdown, not a client's cancel.
-    ctx = make_context(background=True, store=True)
+    ctx = host_context(background=True, store=True)
     ctx._task_context = object() if durable else None
     exiting = threading.Event()
     inner = Scripted(stream_events(4), before={4: block_ignoring_signal})
@@ -370,7 +369,7 @@ async def test_a_run_that_completes_while_the_process_is_exiting_is_completed() 
     # Not told, so not cut short: its completion is whole.
     exiting = threading.Event()
     exiting.set()
-    g = guard(Scripted(stream_events(2)), asyncio.Event(), context=make_context(), process_shutdown=exiting)
+    g = guard(Scripted(stream_events(2)), asyncio.Event(), context=host_context(), process_shutdown=exiting)
     out = await drain(g)
     assert out[-1]["type"] == "response.completed"
     assert g.lifecycle.state is State.COMPLETED
@@ -417,7 +416,7 @@ async def test_client_cancel_after_the_terminal_but_before_the_end_is_a_cancel()
     # The host reports cancelled when the client cancels before the handler ends, even after the
     # terminal went out; the guard settles the ending when the inner stream ends.
     signal = asyncio.Event()
-    ctx = make_context()
+    ctx = host_context()
 
     def cancel_now() -> None:
         ctx.client_cancelled = True
@@ -433,7 +432,7 @@ async def test_client_cancel_after_the_terminal_but_before_the_end_is_a_cancel()
 async def test_signal_set_after_the_end_does_not_turn_a_success_into_a_cancel() -> None:
     # Newer hosts set the signal after every normal foreground completion: never read it later.
     signal = asyncio.Event()
-    g = guard(Scripted(stream_events(1)), signal, context=make_context())
+    g = guard(Scripted(stream_events(1)), signal, context=host_context())
     out = await drain(g)
     signal.set()
     await g.aclose()

@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from eventguard import InvalidEvent, Lifecycle, State, guard
-
-from .scripted import Scripted, block_ignoring_signal, make_context, stream_events
+from eventguard.testing.streams import Scripted, block_ignoring_signal, host_context, stream_events
 
 
 @dataclass
@@ -58,7 +57,7 @@ async def test_recorder_sees_every_forwarded_event_in_order_and_the_ending() -> 
 async def test_final_flush_survives_the_cancellation_of_the_guarding_task() -> None:
     sink = MemorySink(close_delay=0.2)
     inner = Scripted(stream_events(3), before={3: block_ignoring_signal})
-    g = guard(inner, asyncio.Event(), context=make_context(), sink=sink)
+    g = guard(inner, asyncio.Event(), context=host_context(), sink=sink)
 
     async def consume() -> None:
         async for _ in g:

@@ -20,8 +20,7 @@ from typing import Any
 import pytest
 
 from eventguard import Cause, Lifecycle, State, guard
-
-from .scripted import event, make_context, terminal
+from eventguard.testing.streams import event, host_context, terminal
 
 BOUND = 5.0
 GRACE = 0.05
@@ -81,7 +80,7 @@ def step_with_anext_default(it: Any) -> Any:
     ids=["wait_for(anext(it))", "create_task(anext(it))", "ensure_future(it.__anext__())", "anext(it, None)"],
 )
 async def test_a_consumer_stepping_in_a_task_per_step_is_unstuck_after_a_client_cancel(step: Any) -> None:
-    signal, ctx = asyncio.Event(), make_context()
+    signal, ctx = asyncio.Event(), host_context()
     g = guard(blocked_model_call(), signal, context=ctx, cancel_grace=GRACE)
     it = aiter(g)
     me = asyncio.current_task()
@@ -122,7 +121,7 @@ async def host_winddown(aiter_: Any, cancel_signal: asyncio.Event, budget: float
 
 
 async def test_in_the_hosts_winddown_shape_the_step_is_interrupted_never_the_hosts_task() -> None:
-    signal, ctx = asyncio.Event(), make_context()
+    signal, ctx = asyncio.Event(), host_context()
     g = guard(blocked_model_call(), signal, context=ctx, cancel_grace=GRACE)
 
     async def handler() -> AsyncIterator[Any]:  # what GuardedResponses does
@@ -153,7 +152,7 @@ async def test_in_the_hosts_winddown_shape_the_step_is_interrupted_never_the_hos
 
 @pytest.mark.parametrize("peeker_waits", ["sleeping", "awaiting the drainer"])
 async def test_the_task_that_peeked_is_never_cancelled_and_the_draining_step_is(peeker_waits: str) -> None:
-    signal, ctx = asyncio.Event(), make_context()
+    signal, ctx = asyncio.Event(), host_context()
     gate = asyncio.Event()
 
     async def inner() -> AsyncIterator[Any]:
@@ -185,7 +184,7 @@ async def test_the_task_that_peeked_is_never_cancelled_and_the_draining_step_is(
 
 
 async def test_a_drained_run_that_completes_within_grace_is_recorded_completed() -> None:
-    signal, ctx = asyncio.Event(), make_context()
+    signal, ctx = asyncio.Event(), host_context()
 
     async def inner() -> AsyncIterator[Any]:
         yield CREATED
@@ -247,7 +246,7 @@ def shielding_inner(returns_after: float, then: str = "yield") -> Any:
 async def test_after_a_stuck_ending_nothing_the_inner_produces_is_forwarded(
     then: str, flags: str, on_cancel: Any, state: State, cause: Cause, terminal_status: str | None
 ) -> None:
-    signal, ctx = asyncio.Event(), make_context()
+    signal, ctx = asyncio.Event(), host_context()
     g = guard(shielding_inner(6 * GRACE, then), signal, context=ctx, cancel_grace=GRACE, on_cancel=on_cancel)
     out: list[Any] = []
 
@@ -282,7 +281,7 @@ async def test_after_a_stuck_ending_nothing_the_inner_produces_is_forwarded(
 
 async def test_a_stuck_ending_is_recorded_once_and_the_late_events_kept_as_anomalies() -> None:
     signal = asyncio.Event()
-    g = guard(shielding_inner(6 * GRACE), signal, context=make_context(), cancel_grace=GRACE)
+    g = guard(shielding_inner(6 * GRACE), signal, context=host_context(), cancel_grace=GRACE)
     async with asyncio.timeout(BOUND):
         task = asyncio.create_task(_drain(g))
         await asyncio.sleep(0.01)
@@ -306,7 +305,7 @@ async def test_the_watchdog_never_cancels_a_task_it_cannot_see_inside_the_guard(
         await release.wait()
         yield terminal()
 
-    g = guard(inner(), signal, context=make_context(), cancel_grace=GRACE)
+    g = guard(inner(), signal, context=host_context(), cancel_grace=GRACE)
     me = asyncio.current_task()
     assert me is not None
     async with asyncio.timeout(BOUND):

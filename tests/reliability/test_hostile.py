@@ -220,7 +220,8 @@ async def _redacted_run(tmp_path: Path, items: list[Any], outage: bool) -> tuple
     async with asyncio.timeout(STEP):
         async with SqlSink(f"sqlite+aiosqlite:///{db}", spool_path=spool, redact=mask) as sink:
             if outage:
-                sink._retry_at = time.monotonic() + 3600  # the database is away: all goes to the spool
+                # The database is away: all goes to the spool.
+                sink.writer.outage.retry_at = time.monotonic() + 3600
             async with guard(feed(items), asyncio.Event(), sink=sink) as g:
                 _ = [e async for e in g]
     return db, spool

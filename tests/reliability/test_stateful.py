@@ -86,7 +86,8 @@ class GuardMachine(RuleBasedStateMachine):
     async def _sink(self) -> SqlSink:
         sink = SqlSink(_DB_URL, spool_path=self.spool, flush_interval=0.001)
         await sink.start()
-        sink._retry_at = time.monotonic() + 3600  # the database is away: every batch goes to the spool
+        # The database is away: every batch goes to the spool.
+        sink.writer.outage.retry_at = time.monotonic() + 3600
         return sink
 
     async def _guard(self) -> Guard:

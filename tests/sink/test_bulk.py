@@ -100,7 +100,7 @@ async def test_several_batches_of_one_response_in_one_write(target: Target) -> N
             b = rec.collect()
             assert b is not None
             batches.append(b)
-        sink._to_spool(batches, None)
+        sink.writer.to_spool(batches, None)
         result = await sink.replay_spool()
         r = responses.c
         async with sink.engine.connect() as conn:

@@ -21,17 +21,18 @@ from typing import Any
 
 import orjson
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from eventguard import guard
 from eventguard.lifecycle import AnomalyKind, Cause, Lifecycle, ResponseInfo, State
 from eventguard.records import History
 from eventguard.sink import SqlSink
-from eventguard.sink.storable import REPLACEMENT, unescape
+from eventguard.sql.storable import REPLACEMENT, unescape
 from eventguard.sql.tables import responses
 from eventguard.store import ResponseStore
 
 from .conftest import Target
+from .helpers import run_guarded, script
 
 STEP = 60.0
 MB = 1_000_000  # under the sink's default max_payload_bytes (1 MiB) once in its JSON
@@ -343,7 +344,9 @@ async def test_hostile_strings_in_every_column(target: Target, store: ResponseSt
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_hostile_owner(target: Target, store: ResponseStore, kind: str) -> None:
+async def test_a_hostile_owner_is_stored_in_every_row(
+    target: Target, store: ResponseStore, kind: str
+) -> None:
     """The sink's ``owner=`` is in every row it writes: one sink per value."""
     case = Case(0, "owner", kind, hostile("owner", kind))
     async with asyncio.timeout(STEP):
@@ -359,7 +362,9 @@ async def test_hostile_owner(target: Target, store: ResponseStore, kind: str) ->
 
 
 @pytest.mark.parametrize("number", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "minus_inf"])
-async def test_non_finite_numbers_in_a_payload(target: Target, store: ResponseStore, number: float) -> None:
+async def test_non_finite_numbers_in_a_payload_are_stored_as_strings_with_an_anomaly(
+    target: Target, store: ResponseStore, number: float
+) -> None:
     rid = "resp_number"
     events = [
         {"type": "response.created", "response": snapshot(rid, "in_progress")},
@@ -390,7 +395,9 @@ async def test_non_finite_numbers_in_a_payload(target: Target, store: ResponseSt
     assert sink.stats.batches_spooled == 0
 
 
-async def test_usage_beyond_64_bits(target: Target, store: ResponseStore) -> None:
+async def test_usage_beyond_64_bits_is_stored_null_with_an_anomaly(
+    target: Target, store: ResponseStore
+) -> None:
     """Not a string, but a row value all the same: a token count no BIGINT holds."""
     rid = "resp_tokens"
     usage = {"input_tokens": 2**80, "output_tokens": -(2**63) - 1, "total_tokens": 2**63 - 1}
@@ -534,3 +541,67 @@ async def test_transition_and_guard_anomaly_fields(target: Target, store: Respon
     assert any("U+D800 at 0" in r for r in sink_notes)
     (type_note,) = [a for a in one.anomalies if a.source == "sink" and "anomalies.event_type" in a.reason]
     assert orjson.loads(orjson.dumps(type_note.payload))["original_escaped"] == "t\\udcff" * 100
+
+
+# -- from review: content that used to stop a write -----------------------------------------------
+
+
+async def test_a_nul_in_a_payload_neither_blocks_the_write_nor_the_next_response(target: Target) -> None:
+    """PostgreSQL's jsonb refuses U+0000: the payload is stored with U+FFFD and a
+    ``not_serialisable`` anomaly, and nothing is spooled. From review: it used to fail the whole
+    write as if the database were away (reproduced before the fix)."""
+    bad = script("resp_nul", n_deltas=1)
+    bad[2] = {**bad[2], "delta": "a\x00b"}
+    async with asyncio.timeout(30):
+        sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
+        await sink.migrate()
+        await run_guarded(sink, bad)
+        await run_guarded(sink, script("resp_after", n_deltas=1))
+        await sink.flush()
+        async with sink.engine.connect() as conn:
+            rows = (
+                await conn.execute(text("SELECT response_id, status FROM eventguard_responses ORDER BY pk"))
+            ).all()
+            kinds = (await conn.execute(text("SELECT kind FROM eventguard_anomalies"))).scalars().all()
+            payloads = (
+                (
+                    await conn.execute(
+                        text(
+                            "SELECT payload FROM eventguard_events WHERE response_id = 'resp_nul' AND seq = 2"
+                        )
+                    )
+                )
+                .scalars()
+                .all()
+            )
+        await sink.aclose()
+    assert [tuple(r) for r in rows] == [("resp_nul", "completed"), ("resp_after", "completed")]
+    assert sink.stats.batches_spooled == 0
+    assert "not_serialisable" in kinds
+    assert "a\ufffdb" in repr(payloads) or "a\\ufffdb" in repr(payloads)
+
+
+async def test_an_event_type_longer_than_its_column_is_cut_with_an_anomaly(target: Target) -> None:
+    """The type column holds 128 characters: a longer type is cut there, and an anomaly says how
+    long it was. From review (reproduced before the fix)."""
+    events = script("resp_long", n_deltas=1)
+    events.insert(2, {"type": "x" * 300})
+    async with asyncio.timeout(30):
+        sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
+        await sink.migrate()
+        await run_guarded(sink, events)
+        await sink.flush()
+        async with sink.engine.connect() as conn:
+            types = (
+                (
+                    await conn.execute(
+                        text("SELECT type FROM eventguard_events WHERE response_id = 'resp_long'")
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            reasons = (await conn.execute(text("SELECT reason FROM eventguard_anomalies"))).scalars().all()
+        await sink.aclose()
+    assert "x" * 128 in types
+    assert any("300 characters" in r for r in reasons)

@@ -22,6 +22,16 @@ def make_sink(target: Target, **kw: Any) -> SqlSink:
     return SqlSink(target.url, schema=target.schema, spool_path=target.spool, **kw)
 
 
+async def stored_in_progress(sink: SqlSink, rid: str) -> tuple[Lifecycle, SqlRecorder]:
+    """A stream of ``rid`` whose row is stored ``in_progress``: its lifecycle and recorder."""
+    lc = Lifecycle(info=ResponseInfo(response_id=rid))
+    rec = sink.recorder(lc)
+    lc.transition(State.IN_PROGRESS)
+    rec.changed()
+    await sink.flush()
+    return lc, rec
+
+
 def marked(rid: str, mark: str, n: int, final: str) -> list[dict[str, Any]]:
     """A stream whose deltas say which stream they came from."""
     deltas = [{"type": "response.output_text.delta", "delta": f"{mark}{i}"} for i in range(n)]
@@ -181,16 +191,13 @@ async def test_a_spooled_batch_without_a_stream_counts_as_the_rows_own(target: T
     async with asyncio.timeout(60):
         sink = make_sink(target)
         await sink.start()
-        lc = Lifecycle(info=ResponseInfo(response_id=rid))
-        rec = sink.recorder(lc)
-        lc.transition(State.IN_PROGRESS)
-        rec.changed()
-        await sink.flush()
-        other = SqlRecorder(sink, lc)  # another recorder: another stream id, same lifecycle
+        lc, rec = await stored_in_progress(sink, rid)
+        other = SqlRecorder(sink.writer, lc)  # another recorder: another stream id, same lifecycle
         other.event(0, "response.output_text.delta", {"type": "response.output_text.delta", "delta": "x"})
         lc.transition(State.COMPLETED)
         batch = other.collect()
         assert batch is not None
+        other.encode_some(batch)  # serialised before it is spooled (a batch is plain data)
         batch.stream_id = None
         sink.spool.append([batch])
         result = await sink.replay_spool()
@@ -201,3 +208,35 @@ async def test_a_spooled_batch_without_a_stream_counts_as_the_rows_own(target: T
     assert found["status"] == "completed"
     assert found["deltas"] == ["x"]
     assert found["stream_id"] == rec.stream_id  # kept: a batch without a stream takes nothing away
+
+
+async def test_a_stream_that_takes_the_next_attempt_sends_its_later_batches_under_it(target: Target) -> None:
+    """The writer tells the recorder when its batch was stored under another attempt (the batch
+    is plain data: the writer finds the recorder by the batch's stream id), so the stream's next
+    batch already carries the new attempt and stream id. Pins the batch -> recorder lookup that
+    replaced ``Batch.source`` (issue 12)."""
+    from datetime import timedelta
+
+    from eventguard.store import ResponseStore
+
+    rid = "resp_takes_over"
+    async with asyncio.timeout(60):
+        sink = make_sink(target)
+        await sink.start()
+        await stored_in_progress(sink, rid)
+        store = ResponseStore(target.url, schema=target.schema)
+        assert await store.recover(older_than=timedelta(0)) == [rid]  # attempt 1: interrupted
+        await store.aclose()
+        second = Lifecycle(info=ResponseInfo(response_id=rid))  # another stream, attempt 1 too
+        taker = sink.recorder(second)
+        own_id = taker.stream_id
+        second.transition(State.IN_PROGRESS)
+        taker.changed()
+        await sink.flush()
+        renumbered_id = taker.stream_id
+        taker.event(0, "response.output_text.delta", {"type": "response.output_text.delta", "delta": "x"})
+        later = taker.collect()
+        await sink.aclose()
+    assert renumbered_id != own_id and renumbered_id.startswith(own_id)
+    assert later is not None
+    assert (later.attempt, later.stream_id) == (2, renumbered_id)

@@ -18,7 +18,9 @@ from sqlalchemy.exc import StatementError
 
 from eventguard.lifecycle import Lifecycle, ResponseInfo, State
 from eventguard.sink import SqlSink, quarantine
-from eventguard.sink import sink as sinkmod
+from eventguard.sink import commit as commitmod
+from eventguard.sink import replay as replaymod
+from eventguard.sink.apply import Stopped
 from eventguard.sink.batch import Batch
 from eventguard.sink.recorder import SqlRecorder
 from eventguard.sql.classify import ErrorKind, classify
@@ -61,7 +63,7 @@ def test_a_plain_value_error_is_not_taken_for_refused_content() -> None:
 async def test_a_closed_connection_spools_the_batch_instead_of_quarantining_it(
     target: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    write = sinkmod.write
+    write = commitmod.write
     calls = 0
 
     async def closed_at_first(conn: Any, batches: Any, **kw: Any) -> Any:
@@ -71,7 +73,7 @@ async def test_a_closed_connection_spools_the_batch_instead_of_quarantining_it(
             raise ValueError("Connection closed")  # as aiosqlite says it
         return await write(conn, batches, **kw)
 
-    monkeypatch.setattr(sinkmod, "write", closed_at_first)
+    monkeypatch.setattr(commitmod, "write", closed_at_first)
     async with asyncio.timeout(60):
         sink = make_sink(target, flush_interval=0.01)
         await sink.start()
@@ -121,7 +123,7 @@ def test_an_unexpected_error_is_logged_without_the_password_or_the_bound_values(
                 "the write failed", "INSERT INTO eventguard_events VALUES (?)", {"payload": PAYLOAD}, inner
             ) from inner
     except StatementError as exc:
-        sink.unexpected(exc, "a write")
+        sink.writer.unexpected(exc, "a write")
     # As a plain handler would print each record, traceback included.
     shown = "\n".join(logging.Formatter().format(r) for r in caplog.records)
     assert "Traceback (most recent call last)" in shown
@@ -136,35 +138,36 @@ def test_an_unexpected_error_is_logged_without_the_password_or_the_bound_values(
 async def test_a_spool_file_replayed_again_after_an_outage_quarantines_each_record_once(
     target: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sinkmod, "REPLAY_CHUNK", 1)
+    monkeypatch.setattr(replaymod, "REPLAY_CHUNK", 1)
     async with asyncio.timeout(60):
         sink = make_sink(target)
         await sink.start()
         await run_guarded(sink, script("resp_owned", n_deltas=1))  # its stream owns the id
         lc = Lifecycle(info=ResponseInfo(response_id="resp_owned"))
-        other = SqlRecorder(sink, lc)  # a second stream with the same id: a duplicate
+        other = SqlRecorder(sink.writer, lc)  # a second stream with the same id: a duplicate
         lc.transition(State.IN_PROGRESS)
         other.event(0, "response.output_text.delta", {"type": "response.output_text.delta", "delta": "x"})
         lc.transition(State.FAILED)
         dup = other.collect()
         assert dup is not None
+        other.encode_some(dup)  # serialised before it is spooled (a batch is plain data)
         sink.spool.append([dup])
         with sink.spool.path.open("ab") as fh:
             fh.write(b"\nEG1 999 00000000 {torn\n")
         sink.spool.append([make_batch("resp_good_1", n_events=1)])
         sink.spool.append([make_batch("resp_good_2", n_events=1)])
 
-        apply = sink._apply
+        apply = sink.writer.committer.apply
         stopped = False
 
         async def locked_once(batches: list[Batch], tally: Any) -> None:
             nonlocal stopped
             if not stopped and batches[0].response_id == "resp_good_2":
                 stopped = True  # an outage halfway through the file: it is replayed again
-                raise sinkmod._Stopped(sqlite3.OperationalError("database is locked"), list(batches))
+                raise Stopped(sqlite3.OperationalError("database is locked"), list(batches))
             await apply(batches, tally)
 
-        sink._apply = locked_once  # type: ignore[method-assign]
+        sink.writer.committer.apply = locked_once  # type: ignore[method-assign]
         with pytest.raises(sqlite3.OperationalError):
             await sink.replay_spool()
         again = await sink.replay_spool()

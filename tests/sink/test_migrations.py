@@ -27,9 +27,9 @@ def test_state_strings_mirror_the_lifecycle() -> None:
     assert set(ENDED) == {s.value for s in ENDED_STATES}
 
 
-def test_migrations_are_found() -> None:
+def test_the_migrations_and_their_head_are_found() -> None:
     assert (mig.migrations_dir() / "env.py").is_file()
-    assert mig.expected_heads() == ("0002",)
+    assert mig.expected_heads() == ("0003",)
 
 
 async def test_upgrade_downgrade_and_check(target: Target) -> None:

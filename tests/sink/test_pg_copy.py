@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from eventguard.sink import SqlSink, apply
-from eventguard.sink import sink as sink_module
+from eventguard.sink import commit as commit_module
 from eventguard.sink.batch import Batch
 from eventguard.sql import engine as _db
 
@@ -25,7 +25,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[Batch]]:
     copies: list[int] = []
     batches: list[Batch] = []
     copy_events = apply._copy_events
-    write = sink_module.write
+    write = commit_module.write
 
     async def counting_copy(conn: Any, driver: Any, todo: Sequence[Batch]) -> None:
         copies.append(sum(len(b.events) for b in todo))
@@ -36,7 +36,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[Batch]]:
         return await write(conn, todo, **kw)
 
     monkeypatch.setattr(apply, "_copy_events", counting_copy)
-    monkeypatch.setattr(sink_module, "write", keeping_write)
+    monkeypatch.setattr(commit_module, "write", keeping_write)
     return copies, batches
 
 

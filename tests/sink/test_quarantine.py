@@ -214,14 +214,14 @@ async def test_replay_quarantines_a_refused_batch_and_loads_the_rest(
             from eventguard.lifecycle import Lifecycle, ResponseInfo, State
 
             lc = Lifecycle(info=ResponseInfo(response_id=rid))
-            rec = SqlRecorder(sink, lc)
+            rec = SqlRecorder(sink.writer, lc)
             lc.transition(State.IN_PROGRESS)
             for i in range(3):
                 rec.event(i, "response.output_text.delta", delta(i))
             lc.transition(State.COMPLETED)
             batch = rec.collect()
             assert batch is not None
-            batch.serialise()
+            rec.encode_some(batch)
             if rid == "resp_bad":
                 batch.row["status"] = "bogus"
             batches.append(batch)

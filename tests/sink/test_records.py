@@ -157,7 +157,9 @@ async def test_odd_response_ids_through_bound_parameters(
     assert anomalies.items == []
 
 
-async def test_second_writer_cannot_overwrite_a_terminal(target: Target, store: ResponseStore) -> None:
+async def test_a_second_sink_streaming_the_same_id_cannot_overwrite_a_terminal(
+    target: Target, store: ResponseStore
+) -> None:
     # The second writer streams the same response id and attempt: a duplicate stream. None of it
     # reaches the first one's history (its row, events, transitions, anomalies); all of it is in
     # the quarantine, and one duplicate_stream anomaly says so on the response.

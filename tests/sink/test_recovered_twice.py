@@ -84,7 +84,7 @@ async def test_a_response_recovered_twice_records_each_run_and_the_last_ending(t
     assert kept == []
 
 
-async def test_recovered_twice_by_one_sink(target: Target) -> None:
+async def test_a_response_recovered_twice_by_one_sink_records_each_run(target: Target) -> None:
     async with asyncio.timeout(60):
         sink = make_sink(target)
         await sink.start()
@@ -109,11 +109,12 @@ async def test_a_second_recovery_spooled_then_replayed_takes_the_next_attempt(ta
         await sink.aclose()
         sink = make_sink(target)
         await sink.start()
-        sink._retry_at = time.monotonic() + 60  # in an outage's back-off: the third run is spooled
-        sink._outage = "simulated"
+        # In an outage's back-off: the third run is spooled.
+        sink.writer.outage.retry_at = time.monotonic() + 60
+        sink.writer.outage.reason = "simulated"
         await run(sink, "three", State.COMPLETED, deltas=4)
         assert sink.stats.batches_spooled >= 2
-        sink._retry_at = 0.0
+        sink.writer.outage.retry_at = 0.0
         await sink.replay_spool()
         await sink.aclose()
         row, deltas, states = await per_attempt(target)

@@ -165,8 +165,8 @@ async def test_the_quarantine_file_holds_no_unredacted_event_when_the_spool_fail
         sink = make_sink(target, redact=chokes_on_arguments, flush_interval=0.01)
         sink.spool = SpoolThatRaises(target.spool)
         await sink.start()
-        sink._retry_at = time.monotonic() + 60  # in an outage's back-off: every batch is spooled
-        sink._outage = "simulated"
+        sink.writer.outage.retry_at = time.monotonic() + 60  # in an outage's back-off: every batch is spooled
+        sink.writer.outage.reason = "simulated"
         await run_guarded(sink, evs)
         await sink.aclose()
     written = files_beside(target.spool)
@@ -187,8 +187,8 @@ async def test_one_event_the_redactor_cannot_handle_does_not_take_its_batch_out_
     async with asyncio.timeout(60):
         sink = make_sink(target, redact=chokes_on_arguments, flush_interval=0.01)
         await sink.start()
-        sink._retry_at = time.monotonic() + 0.5  # in an outage's back-off: the writer spools
-        sink._outage = "simulated"
+        sink.writer.outage.retry_at = time.monotonic() + 0.5  # in an outage's back-off: the writer spools
+        sink.writer.outage.reason = "simulated"
         await run_guarded(sink, evs)
         assert sink.stats.batches_spooled >= 1
         await asyncio.sleep(0.6)

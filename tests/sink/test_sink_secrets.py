@@ -34,6 +34,6 @@ def test_a_driver_error_that_echoes_its_dsn_is_shown_without_the_password(tmp_pa
     echoed = OSError(
         f"could not connect to postgresql://app:{PASSWORD}@db.example/prod (password={PASSWORD})"
     )
-    why = sink._why(echoed)
+    why = sink.writer.report.why(echoed)
     assert PASSWORD not in why
     assert why.startswith("OSError: could not connect to")

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sqlite3
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,13 @@ import orjson
 import pytest
 from sqlalchemy import func, select
 
-from eventguard import guard
+from eventguard import ResponseStore, guard
+from eventguard.lifecycle import Lifecycle, ResponseInfo, State
 from eventguard.sink import SqlSink
 from eventguard.sink.spool import Spool
 from eventguard.sql.tables import events, responses
 
-from .conftest import PG_DSN, PG_URL, Target
+from .conftest import PG_DSN, PG_URL, Overflowing, Target
 from .helpers import script
 
 
@@ -111,11 +113,12 @@ async def test_replaying_twice_is_harmless(target: Target) -> None:
         lc = Lifecycle(info=ResponseInfo(response_id="resp_twice"))
         from eventguard.sink.recorder import SqlRecorder
 
-        rec = SqlRecorder(sink, lc)
+        rec = SqlRecorder(sink.writer, lc)
         for i, ev in enumerate(evs):
             rec.event(i, ev["type"], ev)
         batch = rec.collect()
         assert batch is not None
+        rec.encode_some(batch)  # serialised before it is spooled (a batch is plain data)
         rec_batches.append(batch)
         sink.spool.append(rec_batches)
         sink.spool.append(rec_batches)
@@ -205,25 +208,14 @@ async def test_postgres_stuck_write_spools_at_statement_timeout(pg_target: Targe
     assert PG_URL
 
 
-async def test_full_buffer_spills_to_the_spool(sqlite_target: Target) -> None:
-    from eventguard.lifecycle import Lifecycle, ResponseInfo, State
-
-    from .helpers import delta
-
+async def test_full_buffer_spills_to_the_spool(sqlite_target: Target, overflow: Overflowing) -> None:
     sink = SqlSink(sqlite_target.url, spool_path=sqlite_target.spool, max_buffered=50, flush_every=10)
     async with asyncio.timeout(30):
         await sink.start()
-        lc = Lifecycle(info=ResponseInfo(response_id="resp_full"))
-        rec = sink.recorder(lc)
-        lc.transition(State.IN_PROGRESS)
-        rec.changed()
-        for i in range(500):  # no await in between: the writer cannot keep up
-            rec.event(i, "response.output_text.delta", delta(i))
+        full = overflow(sink, "resp_full", 500)
         assert sink.stats.overflows > 0
         assert sqlite_target.spool.exists()
-        lc.transition(State.COMPLETED)
-        rec.changed()
-        await rec.close()
+        await full.complete()
         await sink.replay_spool()
         assert await _counts(sink, "resp_full") == (500, 500, "completed")
         await sink.aclose()
@@ -260,7 +252,7 @@ async def test_a_torn_spool_line_takes_no_batch_with_it(target: Target, tmp_path
     assert not list(target.spool.parent.glob("*.replaying-*"))
 
 
-async def test_a_record_of_the_wrong_shape_does_not_stop_the_replay(target: Target) -> None:
+async def test_an_entry_of_the_wrong_shape_does_not_stop_the_replay(target: Target) -> None:
     # Issue 11, defect 3: valid JSON of the wrong shape ("row": null) made replay raise
     # AttributeError, which left the whole file behind as .replaying-*.
     from .test_spool_format import framed, make_batch
@@ -294,9 +286,42 @@ async def test_a_lone_surrogate_is_spooled_not_lost(
     caplog.set_level(logging.ERROR, logger="eventguard.sink")
     batch = make_batch("resp_\udcff", text="undecodable \udcff byte")
     sink = SqlSink(sqlite_target.url, spool_path=sqlite_target.spool)
-    sink._to_spool([batch], None)
+    sink.writer.to_spool([batch], None)
     assert sink.stats.batches_spooled == 1
     assert "lost" not in caplog.text
     (file,) = sink.spool.take()
-    assert list(file.records()) == [batch]
+    assert list(file.entries()) == [batch]
     sink.spool.done(file)
+
+
+async def test_replaying_the_spool_of_a_sink_that_died_does_not_undo_recover(target: Target) -> None:
+    """A sink spooled a response's later work and died; ``recover()`` marked the response
+    interrupted; replaying that spool keeps the events but not the older status. From review
+    (reproduced before the fix)."""
+    async with asyncio.timeout(30):
+        sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
+        await sink.migrate()
+        lc = Lifecycle(info=ResponseInfo(response_id="resp_dead"))
+        rec = sink.recorder(lc)
+        lc.transition(State.IN_PROGRESS, reason="response.in_progress")
+        rec.changed()
+        rec.event(0, "response.created", {"type": "response.created"})
+        await sink.flush()
+        # Later work of that sink went to the spool (the database was away), then it died.
+        rec.event(1, "response.output_text.delta", {"type": "response.output_text.delta", "delta": "x"})
+        rec.changed()
+        batch: Any = rec.collect()
+        rec.encode_some(batch)  # serialised before it is spooled (a batch is plain data)
+        sink.spool.append([batch])
+        store = ResponseStore(target.url, schema=target.schema)
+        await asyncio.sleep(0.01)
+        assert await store.recover(older_than=timedelta(0)) == ["resp_dead"]
+        await sink.replay_spool()
+        record = await store.get("resp_dead")
+        history = await store.history("resp_dead")
+        await store.aclose()
+        await sink.aclose()
+    assert record is not None
+    assert record.status == "interrupted"
+    assert history is not None
+    assert len(history.attempts[0].events) == 2  # the replayed events are kept all the same

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from eventguard.sink.batch import Batch
-from eventguard.sink.spool import Spool, encode_record
+from eventguard.sink.spool import Spool, encode_entry
 
 from .test_spool_format import make_batch
 
@@ -33,7 +33,7 @@ REPLAYER = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from eventguard.sink.spool import BadRecord, Spool
+    from eventguard.sink.spool import BadEntry, Spool
 
     spool, go, hold = Spool(Path(sys.argv[1])), Path(sys.argv[2]), float(sys.argv[3])
     Path(sys.argv[4]).touch()  # ready
@@ -42,8 +42,8 @@ REPLAYER = textwrap.dedent(
     ids, bad, files = [], 0, 0
     for file in spool.take():
         files += 1
-        for record in file.records():
-            if isinstance(record, BadRecord):
+        for record in file.entries():
+            if isinstance(record, BadEntry):
                 bad += 1
             else:
                 ids.append(record.response_id)
@@ -123,7 +123,7 @@ def _fill(spool: Spool, files: int, per_file: int) -> list[str]:
 def _replay_here(spool: Spool) -> list[str]:
     ids: list[str] = []
     for file in spool.take():
-        for record in file.records():
+        for record in file.entries():
             assert isinstance(record, Batch), record
             ids.append(record.response_id)
         spool.done(file)
@@ -131,7 +131,7 @@ def _replay_here(spool: Spool) -> list[str]:
 
 
 @pytest.mark.parametrize("files", [1, 7])
-def test_two_processes_replaying_at_once_each_take_every_record_once(tmp_path: Path, files: int) -> None:
+def test_two_processes_replaying_at_once_each_take_every_entry_once(tmp_path: Path, files: int) -> None:
     spool = Spool(tmp_path / "spool.jsonl")
     ids = _fill(spool, files, per_file=20)
     go = tmp_path / "go"
@@ -226,12 +226,12 @@ def test_two_cli_replays_at_once_report_counts_that_add_up(tmp_path: Path) -> No
     assert asyncio.run(stored()) == (len(ids), 2 * len(ids))
 
 
-def test_bad_records_are_handed_out_once_too(tmp_path: Path) -> None:
+def test_bad_entries_are_handed_out_once_too(tmp_path: Path) -> None:
     path = tmp_path / "spool.jsonl"
     spool = Spool(path)
     spool.append([make_batch("resp_1")])
     with path.open("ab") as fh:
-        fh.write(encode_record(make_batch("resp_torn"))[:30])
+        fh.write(encode_entry(make_batch("resp_torn"))[:30])
     go = tmp_path / "go"
     procs = [_python(REPLAYER, path, go, 0.0, tmp_path / f"ready-{n}", cwd=tmp_path) for n in range(2)]
     while not all((tmp_path / f"ready-{n}").exists() for n in range(2)):

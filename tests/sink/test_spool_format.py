@@ -1,8 +1,8 @@
-"""The spool's record format: what a crash, garbage or a hostile string can do to a spool file.
+"""The spool's entry format: what a crash, garbage or a hostile string can do to a spool file.
 
-Every test writes real files and reads them back through ``SpoolFile.records()``: a record that
-cannot be loaded is a ``BadRecord`` with a reason, never an exception, and never takes another
-record with it.
+Every test writes real files and reads them back through ``SpoolFile.entries()``: an entry that
+cannot be loaded is a ``BadEntry`` with a reason, never an exception, and never takes another
+entry with it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from eventguard.sink.batch import Batch, BatchFormatError
-from eventguard.sink.spool import BadRecord, Spool, SpoolFile, encode_record
+from eventguard.sink.spool import BadEntry, Spool, SpoolFile, encode_entry
 from eventguard.sql.engine import PreSerialised
 from eventguard.sql.tables import responses
 
@@ -160,11 +160,11 @@ def framed(body: bytes, version: int = 1) -> bytes:
     return b"EG%d %d %08x %s\n" % (version, len(body), zlib.crc32(body), body)
 
 
-def read_all(path: Path) -> list[Batch | BadRecord]:
+def read_all(path: Path) -> list[Batch | BadEntry]:
     spool = Spool(path.with_name("unused-live.jsonl"))
     file = _claim_one(spool, path)
     try:
-        return list(file.records())
+        return list(file.entries())
     finally:
         spool.release(file)
 
@@ -178,21 +178,21 @@ def _claim_one(spool: Spool, path: Path) -> SpoolFile:
     return file
 
 
-def replay(spool: Spool) -> list[Batch | BadRecord]:
+def replay(spool: Spool) -> list[Batch | BadEntry]:
     """Everything take() hands out, each file done()."""
-    found: list[Batch | BadRecord] = []
+    found: list[Batch | BadEntry] = []
     for file in spool.take():
-        found.extend(file.records())
+        found.extend(file.entries())
         spool.done(file)
     return found
 
 
-def batches_of(records: list[Batch | BadRecord]) -> list[Batch]:
+def batches_of(records: list[Batch | BadEntry]) -> list[Batch]:
     return [r for r in records if isinstance(r, Batch)]
 
 
-def bad_of(records: list[Batch | BadRecord]) -> list[BadRecord]:
-    return [r for r in records if isinstance(r, BadRecord)]
+def bad_of(records: list[Batch | BadEntry]) -> list[BadEntry]:
+    return [r for r in records if isinstance(r, BadEntry)]
 
 
 # -- exact round trips ---------------------------------------------------------------------------
@@ -238,13 +238,14 @@ def test_a_recorders_batch_round_trips(tmp_path: Path) -> None:
 
     sink = SqlSink(f"sqlite+aiosqlite:///{tmp_path / 'unused.db'}", spool_path=tmp_path / "spool.jsonl")
     lc = Lifecycle(info=ResponseInfo(response_id="resp_rec"))
-    rec = SqlRecorder(sink, lc)
+    rec = SqlRecorder(sink.writer, lc)
     lc.transition(State.IN_PROGRESS, reason="started \udcff")
     rec.event(0, "response.created", {"type": "response.created", "text": "\x00 nul"})
     rec.event(1, "odd", object())  # not a mapping: stored as a stand-in, with a sink anomaly
     lc.transition(State.FAILED, reason="boom \udcff")
     batch = rec.collect()
     assert batch is not None
+    rec.encode_some(batch)  # serialised before it is spooled (a batch is plain data)
     sink.spool.append([batch])
     (back,) = replay(sink.spool)
     assert back == batch
@@ -295,7 +296,7 @@ def test_torn_last_line_then_a_new_append(tmp_path: Path, old_format: bool, cut:
         whole = v0_line(make_batch("resp_torn"))
     else:
         spool.append(first)
-        whole = encode_record(make_batch("resp_torn"))[:-1]  # without its newline
+        whole = encode_entry(make_batch("resp_torn"))[:-1]  # without its newline
     # The process died in the middle of its next write.
     torn = whole[:cut]
     with path.open("ab") as fh:
@@ -316,9 +317,9 @@ def test_torn_last_line_then_a_new_append(tmp_path: Path, old_format: bool, cut:
     assert not list(tmp_path.glob("spool.jsonl.*"))
 
 
-def test_a_write_torn_before_its_newline_is_a_complete_record(tmp_path: Path) -> None:
+def test_a_write_torn_before_its_newline_is_a_complete_entry(tmp_path: Path) -> None:
     path = tmp_path / "spool.jsonl"
-    record = encode_record(make_batch("resp_1"))
+    record = encode_entry(make_batch("resp_1"))
     path.write_bytes(b"\n" + record[:-1])  # everything but the newline: the record is whole
     assert read_all(path) == [make_batch("resp_1")]
 
@@ -326,19 +327,19 @@ def test_a_write_torn_before_its_newline_is_a_complete_record(tmp_path: Path) ->
 def test_garbage_in_the_middle_takes_nothing_else_with_it(tmp_path: Path) -> None:
     path = tmp_path / "spool.jsonl"
     good = [make_batch(f"resp_{i}") for i in range(4)]
-    flipped = bytearray(encode_record(make_batch("resp_flipped")))
+    flipped = bytearray(encode_entry(make_batch("resp_flipped")))
     flipped[-10] ^= 0x01  # one bit changed on disk
     lines = [
-        encode_record(good[0]),
+        encode_entry(good[0]),
         b"\x00\x00\x00\x00\n",  # a block of zeros (a crash on some file systems)
         bytes(flipped),
-        encode_record(good[1]),
+        encode_entry(good[1]),
         b"not a record at all\n",
         b"EG1 banana\n",
         b'{"half": "a version-0 line\n',
-        encode_record(good[2]),
+        encode_entry(good[2]),
         b"\xff\xfe\x80 binary \xc3\x28\n",
-        encode_record(good[3]),
+        encode_entry(good[3]),
     ]
     path.write_bytes(b"".join(lines))
     got = read_all(path)
@@ -418,15 +419,13 @@ WRONG_SHAPES: dict[str, tuple[bytes, str]] = {
 
 @pytest.mark.parametrize("framing", ["v1", "v0"])
 @pytest.mark.parametrize("name", list(WRONG_SHAPES))
-def test_wrong_shapes_are_bad_records_with_a_reason(tmp_path: Path, name: str, framing: str) -> None:
+def test_wrong_shapes_are_bad_entries_with_a_reason(tmp_path: Path, name: str, framing: str) -> None:
     body, reason = WRONG_SHAPES[name]
     if framing == "v0" and not body.startswith(b"{"):
         reason = "not a spool record"  # a version-0 line is a JSON object, or no record at all
     path = tmp_path / "spool.jsonl"
     line = framed(body) if framing == "v1" else body + b"\n"
-    path.write_bytes(
-        encode_record(make_batch("resp_before")) + line + encode_record(make_batch("resp_after"))
-    )
+    path.write_bytes(encode_entry(make_batch("resp_before")) + line + encode_entry(make_batch("resp_after")))
     got = read_all(path)
     assert batches_of(got) == [make_batch("resp_before"), make_batch("resp_after")]
     (bad,) = bad_of(got)
@@ -439,10 +438,10 @@ def test_wrong_shapes_are_bad_records_with_a_reason(tmp_path: Path, name: str, f
 FILES: dict[str, tuple[bytes, list[str]]] = {
     "empty": (b"", []),
     "only_newlines": (b"\n\n\n", []),
-    "only_a_fragment": (encode_record(make_batch())[:40], ["torn record"]),
+    "only_a_fragment": (encode_entry(make_batch())[:40], ["torn record"]),
     "only_a_header_fragment": (b"EG1 12", ["torn or garbled record header"]),
     "a_future_version": (
-        framed(b'{"whatever": "comes next"}', version=2) + encode_record(make_batch()),
+        framed(b'{"whatever": "comes next"}', version=2) + encode_entry(make_batch()),
         ["record format version 2 (written by a newer eventguard"],
     ),
     "version_zero_header": (framed(b"{}", version=0), ["unknown record format version 0"]),
@@ -450,7 +449,7 @@ FILES: dict[str, tuple[bytes, list[str]]] = {
     "longer_than_declared": (b"EG1 2 00000000 {}}\n", ["garbled record: 3 bytes where its header says 2"]),
     "non_utf8_bytes": (b"\xc3\x28\xa0\xa1\xff\n", ["not a spool record"]),
     "nul_bytes": (b"\x00" * 4096, ["not a spool record"]),
-    "crlf_line": (encode_record(make_batch()).replace(b"\n", b"\r\n"), ["garbled record"]),
+    "crlf_line": (encode_entry(make_batch()).replace(b"\n", b"\r\n"), ["garbled record"]),
 }
 
 
@@ -470,7 +469,7 @@ def test_odd_files_never_raise(tmp_path: Path, name: str) -> None:
 # -- the file API --------------------------------------------------------------------------------
 
 
-def test_done_removes_a_file_with_bad_records_and_pending_and_size(tmp_path: Path) -> None:
+def test_done_removes_a_file_with_bad_entries_and_pending_and_size(tmp_path: Path) -> None:
     path = tmp_path / "spool.jsonl"
     spool = Spool(path)
     assert not spool.pending() and spool.size_bytes() == 0
@@ -495,7 +494,7 @@ def test_release_keeps_the_file_for_the_next_replay(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not claimed"):
         spool.done(file)
     with pytest.raises(ValueError, match="no longer claimed"):
-        list(file.records())
+        list(file.entries())
     assert spool.pending()
     spool.append([make_batch("resp_2")])
     assert [b.response_id for b in batches_of(replay(spool))] == ["resp_1", "resp_2"]
@@ -510,7 +509,7 @@ def test_stopping_early_releases_the_file_being_replayed(tmp_path: Path) -> None
     def outage() -> None:
         for file in spool.take():
             held.append(file)  # the caller still holds it: only take() can release it
-            next(iter(file.records()))
+            next(iter(file.entries()))
             raise ConnectionError("the database went away again")
 
     with pytest.raises(ConnectionError):
@@ -539,7 +538,7 @@ def test_older_batches_and_bad_lines_still_work(tmp_path: Path) -> None:
 
 
 def _write_big_spool(path: Path, size: int) -> int:
-    one = encode_record(make_batch("resp_big", n_events=200, payload_pad=200))
+    one = encode_entry(make_batch("resp_big", n_events=200, payload_pad=200))
     count = size // len(one) + 1
     with path.open("wb") as fh:
         for _ in range(count):
@@ -547,7 +546,7 @@ def _write_big_spool(path: Path, size: int) -> int:
     return count
 
 
-def _peak_while(iterator: Iterator[Batch | BadRecord]) -> tuple[int, int, int]:
+def _peak_while(iterator: Iterator[Batch | BadEntry]) -> tuple[int, int, int]:
     gc.collect()
     tracemalloc.start()
     try:
@@ -571,26 +570,26 @@ def test_streaming_a_large_spool_takes_bounded_memory(tmp_path: Path) -> None:
     assert size >= 50 << 20
     spool = Spool(path)
     (file,) = spool.take()
-    good, bad, peak = _peak_while(file.records())
+    good, bad, peak = _peak_while(file.entries())
     spool.done(file)
     assert (good, bad) == (count, 0)
     assert peak < size // 20, f"peak {peak} bytes while streaming {size}"
 
 
-def test_a_huge_line_that_is_no_record_is_not_held_whole(tmp_path: Path) -> None:
+def test_a_huge_line_that_is_no_entry_is_not_held_whole(tmp_path: Path) -> None:
     path = tmp_path / "spool.jsonl"
     with path.open("wb") as fh:
-        fh.write(encode_record(make_batch("resp_1")))
+        fh.write(encode_entry(make_batch("resp_1")))
         for _ in range(40):
             fh.write(b"\x01" * (1 << 20))  # 40 MiB of garbage, no newline
-        fh.write(b"\n" + encode_record(make_batch("resp_2")))
+        fh.write(b"\n" + encode_entry(make_batch("resp_2")))
     spool = Spool(path)
     (file,) = spool.take()
-    got = list(file.records())
+    got = list(file.entries())
     assert batches_of(got) == [make_batch("resp_1"), make_batch("resp_2")]
     (bad,) = bad_of(got)
     assert len(bad.raw) == 1 << 20 and "a line of 41943040 bytes: its first 1048576 kept" in bad.reason
-    _, _, peak = _peak_while(file.records())
+    _, _, peak = _peak_while(file.entries())
     spool.done(file)
     assert peak < 8 << 20, f"peak {peak} bytes"
 
@@ -617,3 +616,21 @@ def test_a_file_that_cannot_be_opened_does_not_stop_the_others(tmp_path: Path) -
     spool.append([make_batch("resp_1")])
     assert [b.response_id for b in batches_of(replay(spool))] == ["resp_1"]
     assert spool.pending()  # still there, for a person to look at
+
+
+def test_a_batch_whose_events_are_not_serialised_yet_refuses_to_become_json(tmp_path: Path) -> None:
+    """A batch is plain data: it cannot serialise its events itself (issue 12 removed its pointer
+    to the recorder), so writing it before they are would lose them; it says so instead."""
+    from eventguard.lifecycle import Lifecycle, ResponseInfo
+    from eventguard.sink import SqlSink
+    from eventguard.sink.recorder import SqlRecorder
+
+    sink = SqlSink(f"sqlite+aiosqlite:///{tmp_path / 'unused.db'}", spool_path=tmp_path / "spool.jsonl")
+    rec = SqlRecorder(sink.writer, Lifecycle(info=ResponseInfo(response_id="resp_raw")))
+    rec.event(0, "response.created", {"type": "response.created"})
+    batch = rec.collect()
+    assert batch is not None and not batch.serialised()
+    with pytest.raises(ValueError, match="not serialised yet"):
+        batch.to_json()
+    rec.encode_some(batch)
+    assert Batch.from_json(batch.to_json()) == batch

@@ -19,15 +19,15 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from eventguard.lifecycle import Lifecycle, ResponseInfo, State
 from eventguard.sink import SqlSink, quarantine
-from eventguard.sink import sink as sinkmod
+from eventguard.sink import replay as replaymod
+from eventguard.sink.apply import Stopped
 from eventguard.sink.batch import Batch
 from eventguard.sink.spool import Spool
 from eventguard.sql.tables import events, responses
 
-from .conftest import Target
-from .helpers import delta, run_guarded, script
+from .conftest import Overflowing, Target
+from .helpers import run_guarded, script
 from .test_spool_format import make_batch
 
 
@@ -56,29 +56,29 @@ async def test_a_replay_an_outage_stopped_goes_on_when_writes_succeed_again(targ
     async with asyncio.timeout(60):
         sink = make_sink(target, flush_interval=0.01)
         await sink.start()
-        persist = sink._persist
+        persist = sink.writer.persist
 
         async def spool_all(batches: list[Batch]) -> None:
-            sink._to_spool(batches, None)  # as an overflow, or an outage, would leave them
+            sink.writer.to_spool(batches, None)  # as an overflow, or an outage, would leave them
 
-        sink._persist = spool_all  # type: ignore[method-assign]
+        sink.writer.persist = spool_all  # type: ignore[method-assign]
         await run_guarded(sink, script("resp_spooled", n_deltas=3))
-        sink._persist = persist  # type: ignore[method-assign]
+        sink.writer.persist = persist  # type: ignore[method-assign]
         assert sink.spool.pending()
 
-        apply = sink._apply
+        apply = sink.writer.committer.apply
         calls = 0
 
         async def locked_once(batches: list[Batch], tally: Any) -> None:
             nonlocal calls
             calls += 1
             if calls == 1:  # the background replay meets an outage-class error
-                raise sinkmod._Stopped(sqlite3.OperationalError("database is locked"), list(batches))
+                raise Stopped(sqlite3.OperationalError("database is locked"), list(batches))
             await apply(batches, tally)
 
-        sink._apply = locked_once  # type: ignore[method-assign]
-        sink._replay_soon()
-        st = sink._live
+        sink.writer.committer.apply = locked_once  # type: ignore[method-assign]
+        sink.writer.replayer.soon()
+        st = sink.writer.loops.live
         assert st is not None and st.replay is not None
         await asyncio.wait([st.replay])
         assert sink.spool.pending()
@@ -96,20 +96,13 @@ async def _false(value: bool) -> bool:
     return not value
 
 
-async def test_an_overflow_spill_is_replayed_without_a_restart(target: Target) -> None:
+async def test_an_overflow_spill_is_replayed_without_a_restart(target: Target, overflow: Overflowing) -> None:
     async with asyncio.timeout(60):
         sink = make_sink(target, max_buffered=50, flush_every=10, flush_interval=0.01)
         await sink.start()
-        lc = Lifecycle(info=ResponseInfo(response_id="resp_full"))
-        rec = sink.recorder(lc)
-        lc.transition(State.IN_PROGRESS)
-        rec.changed()
-        for i in range(500):  # no await in between: the writer cannot keep up
-            rec.event(i, "response.output_text.delta", delta(i))
+        full = overflow(sink, "resp_full", 500)
         assert sink.stats.overflows > 0 and sink.spool.pending()
-        lc.transition(State.COMPLETED)
-        rec.changed()
-        await rec.close()
+        await full.complete()
 
         async def loaded() -> bool:
             return await stored(sink, "resp_full") == ("completed", 500)
@@ -141,12 +134,12 @@ def test_take_never_waits_for_a_file_an_append_holds(tmp_path: Path) -> None:
     assert not spool.pending()
 
 
-async def test_a_replay_lets_the_streams_run_every_few_records(
+async def test_a_replay_lets_the_streams_run_every_few_entries(
     sqlite_target: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ticks = 0
     seen: list[int] = []
-    records = sinkmod._records
+    records = replaymod.entries
 
     def counted(file: Any, tally: Any) -> Iterator[Any]:
         for record in records(file, tally):
@@ -159,7 +152,7 @@ async def test_a_replay_lets_the_streams_run_every_few_records(
             ticks += 1
             await asyncio.sleep(0)
 
-    monkeypatch.setattr(sinkmod, "_records", counted)
+    monkeypatch.setattr(replaymod, "entries", counted)
     sink = make_sink(sqlite_target)
     async with asyncio.timeout(60):
         await sink.migrate()
@@ -174,7 +167,7 @@ async def test_a_replay_lets_the_streams_run_every_few_records(
 
 
 async def test_an_overflow_leaves_the_quarantine_file_to_the_writer(
-    sqlite_target: Target, monkeypatch: pytest.MonkeyPatch
+    sqlite_target: Target, monkeypatch: pytest.MonkeyPatch, overflow: Overflowing
 ) -> None:
     on_loop: list[bool] = []
     append_file = quarantine.append_file
@@ -193,17 +186,10 @@ async def test_an_overflow_leaves_the_quarantine_file_to_the_writer(
     sink = make_sink(sqlite_target, max_buffered=50, flush_every=10, redact=redact)
     async with asyncio.timeout(60):
         await sink.start()
-        lc = Lifecycle(info=ResponseInfo(response_id="resp_full_redact"))
-        rec = sink.recorder(lc)
-        lc.transition(State.IN_PROGRESS)
-        rec.changed()
-        for i in range(200):  # no await in between: the writer cannot keep up
-            rec.event(i, "response.output_text.delta", delta(i))
+        full = overflow(sink, "resp_full_redact", 200)
         assert sink.stats.overflows > 0
         assert on_loop == [], "the hot path appended to the quarantine file itself"
-        lc.transition(State.COMPLETED)
-        rec.changed()
-        await rec.close()
+        await full.complete()
         await sink.aclose()
     assert on_loop == [False]  # appended once, in a thread
     [record] = quarantine.read_file(sink.quarantine_path)

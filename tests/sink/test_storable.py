@@ -1,4 +1,4 @@
-"""The rules that make a value storable (eventguard.sink.storable), and the payload encoder that
+"""The rules that make a value storable (eventguard.sql.storable), and the payload encoder that
 uses them: no database needed."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from eventguard.lifecycle import AnomalyKind
 from eventguard.sink.serialise import encode
-from eventguard.sink.storable import (
+from eventguard.sql.storable import (
     REPLACEMENT,
     JsonNotes,
     bounded,
@@ -85,7 +85,7 @@ def test_escape_is_reversible_and_storable(value: str) -> None:
 @given(any_text)
 @example("C:\\x00\x00")
 @example("\\udcff\udcff")
-def test_free_text(value: str) -> None:
+def test_free_text_is_escaped_only_when_it_is_not_storable(value: str) -> None:
     fix = free_text(value)
     if is_storable(value):
         assert fix is None
@@ -124,7 +124,7 @@ def test_spelt_out_escapes_round_trip(value: str) -> None:
     assert fix is None or unescape(fix.stored) == value
 
 
-def test_lookalike_ids() -> None:
+def test_ids_that_differ_only_in_a_bad_character_or_past_the_limit_stay_distinct() -> None:
     ids = ["r\x00a", "r\x00b", "r\udcffa", "r\\x00a", "ra", "p" * 255 + "A", "p" * 255 + "B", "p" * 256]
     stored = [v if (f := identifier(v, 255)) is None else f.stored for v in ids]
     assert len(set(stored)) == len(ids)
@@ -143,7 +143,7 @@ def test_identifier_never_splits_an_escape() -> None:
     assert head == "\\x00" * 59 and len(fix.stored) == 59 * 4 + 17
 
 
-def test_bounded() -> None:
+def test_a_bounded_label_is_escaped_then_cut_to_its_column() -> None:
     assert bounded("x" * 128, 128) is None
     fix = bounded("x" * 300, 128)
     assert fix is not None and fix.stored == "x" * 128 and not fix.escaped
@@ -185,7 +185,7 @@ def test_clean_json_names_every_change() -> None:
     assert "$['k\\x00'] stored as key 'k\\ufffd #2'" in reasons[3]
 
 
-def test_has_non_finite() -> None:
+def test_has_non_finite_finds_nan_and_infinities_anywhere() -> None:
     assert not has_non_finite({"a": [1, 2.5, None, {"b": "NaN"}]})
     assert has_non_finite({"a": [1, {"b": (0, math.nan)}]})
     assert has_non_finite({math.inf: 1})

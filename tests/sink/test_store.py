@@ -56,7 +56,7 @@ async def test_terminal_states_pages_without_gaps_or_repeats(filled: tuple[SqlSi
     assert len(two.items) == 8
 
 
-async def test_time_window(filled: tuple[SqlSink, ResponseStore]) -> None:
+async def test_terminal_states_keep_to_their_time_window(filled: tuple[SqlSink, ResponseStore]) -> None:
     _, store = filled
     now = datetime.now(UTC)
     async with asyncio.timeout(30):
@@ -71,7 +71,7 @@ async def test_time_window(filled: tuple[SqlSink, ResponseStore]) -> None:
         )
 
 
-async def test_stats(filled: tuple[SqlSink, ResponseStore]) -> None:
+async def test_stats_count_by_status_in_their_window(filled: tuple[SqlSink, ResponseStore]) -> None:
     _, store = filled
     async with asyncio.timeout(30):
         stats = await store.stats(since=datetime.now(UTC) - timedelta(hours=1))
@@ -85,7 +85,7 @@ async def test_stats(filled: tuple[SqlSink, ResponseStore]) -> None:
     assert empty.duration_ms_p99 is None
 
 
-async def test_prune(filled: tuple[SqlSink, ResponseStore]) -> None:
+async def test_prune_removes_only_what_is_older_than_asked(filled: tuple[SqlSink, ResponseStore]) -> None:
     _, store = filled
     async with asyncio.timeout(30):
         nothing = await store.prune(older_than=timedelta(hours=1))
@@ -156,7 +156,9 @@ async def test_bad_query_arguments_are_typed_errors(
             await store.terminal_states(**kwargs)
 
 
-async def test_metacharacters_in_query_arguments(filled: tuple[SqlSink, ResponseStore]) -> None:
+async def test_sql_metacharacters_in_query_arguments_match_nothing(
+    filled: tuple[SqlSink, ResponseStore],
+) -> None:
     _, store = filled
     nasty = "x' OR '1'='1"
     async with asyncio.timeout(10):

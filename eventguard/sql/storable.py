@@ -123,7 +123,7 @@ def free_text(value: str) -> Fix | None:
     return Fix(
         escape(value),
         f"{describe(value)}: stored escaped (backslashes doubled, NUL as \\x00, lone surrogates as "
-        "\\udXXX; eventguard.sink.storable.unescape gives the original back)",
+        "\\udXXX; eventguard.sql.storable.unescape gives the original back)",
         escaped=True,
     )
 

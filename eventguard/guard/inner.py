@@ -1,8 +1,10 @@
-"""The owner of the inner stream: it closes it exactly once, in the call that ends the guard or in
-the background (a stuck stream's close may block as long as it likes).
+"""The inner stream: the guard closes it exactly once, in the call that ends the guard or in the
+background (a stuck stream's close may block as long as it likes).
 
-As aiostream's ``AsyncIteratorContext``: the guard owns the inner stream from the moment it is built,
-and this is the one object that closes it.
+As aiostream's ``AsyncIteratorContext``: the guard is responsible for the inner stream from the moment
+it is built, and :class:`InnerStream` is the one object that closes it. Background work the guard
+leaves behind (that close, a bounded final flush, the watchdog's task) is kept alive here until it
+ends (:func:`spawn`, :func:`keep`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,34 @@
+"""The host-level benchmark, quick: four real servers, a real client, nothing lost, no timing asserted."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.upstream
+
+
+async def test_quick_host_run_reports_every_variant_and_loses_no_event() -> None:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # benchmarks/ is not part of the installed package
+    host = importlib.import_module("benchmarks.host")
+    sizes = importlib.import_module("benchmarks._common").Sizes.quick()
+    async with asyncio.timeout(300):
+        rows = await host.run(sizes)
+    whats = {r.what for r in rows}
+    for c in (1, 16):
+        assert f"c={c}, unguarded server: responses/s" in whats
+        for label in ("guarded, no sink", "guarded + SQLite sink"):
+            for figure in ("responses/s", "server CPU per response", "p50 per response", "p99 per response"):
+                assert f"c={c}, {label}: {figure}" in whats
+    lost = [r for r in rows if "not in the database" in r.what]
+    assert lost, "no row counts the events against the database"
+    # Losing nothing is a correctness figure, not a timing: it holds at any size.
+    assert all(r.value == 0 and r.ok is True for r in lost), [(r.what, r.value, r.note) for r in lost]
+    # Every client received whole responses: 28 SSE events each (the host's shape for 20 chunks).
+    assert all("[28] events per response" in r.note for r in lost), [r.note for r in lost]

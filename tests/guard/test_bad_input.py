@@ -1,0 +1,112 @@
+"""Bad input (not in strict mode): a malformed, out-of-order or late lifecycle event is explained by an
+anomaly, forwarded only when the host can take it, and never moves the recorded ending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from eventguard import State, guard
+from eventguard.testing.streams import (
+    Scripted,
+    event,
+    host_context,
+    stream_events,
+)
+
+from .helpers import (
+    drain,
+)
+
+
+async def test_queued_after_in_progress_is_out_of_order_and_changes_nothing() -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+    events = stream_events(1)
+    events.insert(2, event("response.queued"))
+    g = guard(Scripted(events), asyncio.Event())
+    out = await drain(g)
+    assert len(out) == len(events)
+    assert [a.kind for a in g.lifecycle.anomalies] == ["out_of_order"]
+    assert g.lifecycle.anomalies[0].event_type == "response.queued"
+    assert [t.to_state for t in g.lifecycle.transitions] == [State.IN_PROGRESS, State.COMPLETED]
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ({"delta": "x"}, "event has no 'type'"),
+        ({"type": None}, "event has no 'type'"),
+        ({"type": ""}, "event has no 'type'"),
+        ({"type": 5}, "event 'type' is 5"),
+    ],
+)
+async def test_a_mapping_without_a_usable_type_is_explained(bad: dict[str, Any], reason: str) -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+    events = stream_events(1)
+    events.insert(2, bad)
+    g = guard(Scripted(events), asyncio.Event())
+    await drain(g)
+    (anomaly,) = g.lifecycle.anomalies
+    assert anomaly.reason.startswith(reason)
+    assert anomaly.payload == bad
+
+
+async def test_an_invalid_lifecycle_event_is_forwarded_with_an_anomaly() -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+    bad = {"type": "response.in_progress", "response": "not an object"}
+    events = stream_events(1)
+    events.insert(2, bad)
+    g = guard(Scripted(events), asyncio.Event())
+    out = await drain(g)
+    assert bad in out
+    (anomaly,) = g.lifecycle.anomalies
+    assert anomaly.kind == "invalid_lifecycle_event"
+    assert anomaly.event_type == "response.in_progress"
+
+
+async def test_an_invalid_terminal_still_ends_the_lifecycle_by_its_type() -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+    events = stream_events(1, final=None)
+    events.append({"type": "response.incomplete", "response": "not an object"})
+    g = guard(Scripted(events), asyncio.Event())
+    out = await drain(g)
+    assert out[-1]["type"] == "response.incomplete"
+    assert g.lifecycle.state is State.INCOMPLETE
+    # Recorded as forwarded, never as a failure, but flagged: nothing in it could be checked.
+    assert g.lifecycle.unverified
+    assert [a.kind for a in g.lifecycle.anomalies] == ["invalid_lifecycle_event", "unverified_completion"]
+
+
+async def test_a_status_that_contradicts_the_terminal_type_is_explained() -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+    events = stream_events(1, final=None)
+    events.append({"type": "response.completed", "response": {"id": "resp_1", "status": "failed"}})
+    g = guard(Scripted(events), asyncio.Event())
+    await drain(g)
+    assert g.lifecycle.state is State.COMPLETED
+    (anomaly,) = g.lifecycle.anomalies
+    assert anomaly.kind == "status_mismatch"
+    assert anomaly.reason.endswith("; the event type wins")
+
+
+async def test_a_lifecycle_event_after_the_recorded_ending_is_not_forwarded_nor_applied() -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+    ctx = host_context(background=False)
+    sig = asyncio.Event()
+    events = stream_events(1)
+    events.insert(1, event("response.queued"))
+    g = guard(Scripted(events), sig, context=ctx, cancel_grace=0.05)
+    async with asyncio.timeout(5):
+        it = aiter(g)
+        await anext(it)
+        ctx.shutdown.set()
+        await asyncio.sleep(0.3)  # the host stopped iterating: the ending is recorded (abandoned)
+        assert g.lifecycle.ended
+        rest = [e async for e in it]
+    assert rest == []
+    assert [a.kind for a in g.lifecycle.anomalies] == ["abandoned", "event_after_terminal"]
+    assert g.lifecycle.anomalies[1].event_type == "response.queued"
+    assert [t.to_state for t in g.lifecycle.transitions] == [State.IN_PROGRESS, State.FAILED]

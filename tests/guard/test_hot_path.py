@@ -1,0 +1,73 @@
+"""The hot path: output and delta events are forwarded untouched, whatever they are, and only the first
+of each type takes the slow path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from eventguard import guard
+from eventguard.guard.referee import Referee
+from eventguard.testing.streams import (
+    Scripted,
+    stream_events,
+)
+
+from .helpers import (
+    drain,
+)
+
+
+async def test_an_object_event_with_an_unhashable_type_is_forwarded_untouched() -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+    odd = SimpleNamespace(type=["not", "a", "string"])
+    events = stream_events(1)
+    out = await drain(guard(Scripted([*events[:3], odd, *events[3:]]), asyncio.Event()))
+    assert out[3] is odd
+    assert out[-1]["type"] == "response.completed"
+
+
+async def test_an_event_that_claims_to_equal_everything_is_still_forwarded() -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+
+    class EqualsAll:
+        type = "response.custom.odd"  # a type not seen before: the first one takes the slow path
+
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        __hash__ = object.__hash__
+
+    odd = EqualsAll()
+    events = stream_events(1)
+    out = await drain(guard(Scripted([*events[:3], odd, odd, *events[3:]]), asyncio.Event()))
+    assert [e is odd for e in out].count(True) == 2
+
+
+async def test_the_slow_path_runs_once_per_output_type_then_the_hot_path_takes_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The hot path is the guard's cost model (README, benchmarks): an output or delta type goes through
+    # the slow path once, and every later event of that type is forwarded without it.
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+    seen: list[str] = []
+    slow = Referee.event
+
+    def counting(self: Referee, e: Any) -> Any:
+        seen.append(e["type"])
+        return slow(self, e)
+
+    monkeypatch.setattr(Referee, "event", counting)
+    events = stream_events(50)
+    out = await drain(guard(Scripted(events), asyncio.Event()))
+    assert out == events
+    assert seen == [
+        "response.created",
+        "response.in_progress",
+        "response.output_text.delta",
+        "response.completed",
+    ]

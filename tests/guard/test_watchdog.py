@@ -1,0 +1,397 @@
+"""The watchdog: a stuck inner stream or a host that stopped iterating, after ``cancel_grace``; its
+cancel, taken back or given back; it sleeps until a cause is signalled and does not outlive the guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from eventguard import Cause, State, guard
+from eventguard.testing.streams import (
+    Scripted,
+    block_ignoring_signal,
+    event,
+    host_context,
+    stream_events,
+    terminal,
+)
+
+from .helpers import (
+    BOUND,
+    CREATED,
+    CREATED_R1,
+    GRACE,
+    SHUTDOWN_FLAGS,
+    BlockingClose,
+    PlainSignal,
+    collect,
+    drain,
+    stuck_inner,
+    watchdog_tasks,
+    watchdog_timers,
+)
+
+
+async def test_a_swallowed_cancel_then_a_second_wait_is_recorded_and_the_cancel_count_restored() -> None:
+    """Origin: a review finding; failed before its fix (test_review_regressions.py)."""
+    release = asyncio.Event()
+
+    async def inner() -> Any:
+        yield CREATED_R1
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue  # a retry loop that swallows every cancel
+
+    signal = asyncio.Event()
+    g = guard(inner(), signal, cancel_grace=0.05)
+
+    async def consume() -> None:
+        async for _ in g:
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.02)
+    signal.set()
+    done, _ = await asyncio.wait([task], timeout=0.5)
+    assert not done  # the consumer stays blocked: that cannot be helped without a task per pull
+    assert g.lifecycle.state is State.CANCELLED  # but the ending is recorded
+    assert [a.kind for a in g.lifecycle.anomalies] == ["stuck"]
+    assert task.cancelling() == 0  # and the task's cancel count is given back
+    release.set()
+    async with asyncio.timeout(5):
+        await task
+
+
+async def test_the_watchdog_does_not_outlive_the_guard() -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+    before = len(watchdog_tasks())
+    g = guard(Scripted(stream_events(2)), asyncio.Event(), cancel_grace=5.0)
+    await drain(g)
+    await asyncio.sleep(0)  # let the cancelled watchdog unwind
+    assert len(watchdog_tasks()) == before
+
+
+async def test_shutdown_alone_arms_the_watchdog_when_the_host_stops_iterating() -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+    ctx = host_context(background=False)
+    g = guard(Scripted(stream_events(3)), asyncio.Event(), context=ctx, cancel_grace=0.05)
+    async with asyncio.timeout(5):
+        it = aiter(g)
+        await anext(it)
+        ctx.shutdown.set()  # the host's handle_shutdown() sets only this flag at first
+        await asyncio.sleep(0.3)  # ...and the host stops iterating
+        assert g.lifecycle.state is State.FAILED
+        assert [a.kind for a in g.lifecycle.anomalies] == ["abandoned"]
+        await g.aclose()
+
+
+async def test_steering_alone_is_never_an_abandonment() -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+    sig = asyncio.Event()
+    g = guard(Scripted(stream_events(3)), sig, context=host_context(), cancel_grace=0.05)
+    async with asyncio.timeout(5):
+        it = aiter(g)
+        await anext(it)
+        await anext(it)
+        sig.set()  # steering: the signal with neither cause flag
+        await asyncio.sleep(0.3)
+        assert g.lifecycle.state is State.IN_PROGRESS
+        rest = [e async for e in it]
+    assert rest[-1]["type"] == "response.completed"
+    assert g.lifecycle.state is State.COMPLETED
+
+
+@pytest.mark.parametrize("strict", [False, True])
+async def test_a_stream_resumed_after_its_abandonment_was_recorded_gets_nothing_more(strict: bool) -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+    ctx = host_context(background=False)
+    sig = asyncio.Event()
+    g = guard(
+        Scripted(stream_events(3, final=None)),
+        sig,
+        context=ctx,
+        cancel_grace=0.05,
+        on_cancel="emit",
+        strict=strict,
+    )
+    async with asyncio.timeout(5):
+        it = aiter(g)
+        await anext(it)
+        ctx.client_cancelled = True
+        sig.set()
+        await asyncio.sleep(0.3)
+        assert g.lifecycle.state is State.CANCELLED  # recorded as abandoned
+        rest = [e async for e in it]
+    # An ending the guard recorded on its own is final: what the inner stream produces afterwards is
+    # kept as an anomaly, never forwarded (strict or not: it is not bad input); only the terminal
+    # that ending calls for (on_cancel="emit": a cancelled response.failed) is forwarded, then the end.
+    assert [(e["type"], e["response"]["status"]) for e in rest] == [("response.failed", "cancelled")]
+    assert [a.kind for a in g.lifecycle.anomalies] == ["abandoned", "event_after_terminal"]
+    assert g.lifecycle.anomalies[1].event_type == "response.in_progress"
+    assert g.lifecycle.state is State.CANCELLED
+    assert g.inner_closed == 1
+
+
+async def test_a_signal_that_is_not_an_event_is_polled_and_waited_for() -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+    sig = PlainSignal()
+    slow = Scripted(stream_events(2), before={3: lambda: asyncio.sleep(0.3)})
+    g = guard(slow, sig, cancel_grace=0.05)
+    out = await drain(g)
+    assert out[-1]["type"] == "response.completed"  # not signalled: never cut short
+    stuck = Scripted(stream_events(2), before={3: block_ignoring_signal})
+    g2 = guard(stuck, sig, cancel_grace=0.05)
+    sig.flag = True
+    await drain(g2)
+    assert [a.kind for a in g2.lifecycle.anomalies] == ["stuck"]
+
+
+async def test_the_watchdog_leaves_no_waiters_behind() -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+    await asyncio.sleep(0)
+    before = len(asyncio.all_tasks())
+    ctx = host_context()
+    slow = Scripted(stream_events(2), before={2: lambda: asyncio.sleep(0.02)})  # the watchdog is waiting
+    g = guard(slow, asyncio.Event(), context=ctx, cancel_grace=5.0)
+    await drain(g)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert len(asyncio.all_tasks()) == before
+
+
+async def test_a_stream_stuck_after_its_terminal_keeps_that_terminal() -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+    ctx = host_context()
+    sig = asyncio.Event()
+    events = stream_events(2)
+    inner = Scripted(
+        [*events, event("response.output_text.delta")], before={len(events): block_ignoring_signal}
+    )
+
+    def steer() -> None:
+        sig.set()
+
+    inner.before[len(events) - 1] = steer
+    g = guard(inner, sig, context=ctx, cancel_grace=0.05)
+    out = await drain(g)
+    assert [e["type"] for e in out].count("response.completed") == 1
+    assert [e["type"] for e in out if e["type"] in ("response.completed", "response.failed")] == [
+        "response.completed"
+    ]
+    assert g.lifecycle.state is State.COMPLETED
+    assert "stuck" in [a.kind for a in g.lifecycle.anomalies]
+
+
+async def test_a_stuck_stream_whose_close_blocks_still_lets_the_guard_end() -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+    sig = asyncio.Event()
+    sig.set()
+    inner = BlockingClose(stream_events(2), before={3: block_ignoring_signal})
+    g = guard(inner, sig, cancel_grace=0.05)
+    await drain(g)
+    assert g.lifecycle.ended
+    await asyncio.sleep(0)
+    assert inner.closes == 1  # closed once, in the background
+
+
+async def test_a_stuck_stream_that_swallows_the_cancel_and_blocks_on_close_lets_the_guard_end() -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+    sig = asyncio.Event()
+    sig.set()
+
+    class Swallower(BlockingClose):
+        async def __anext__(self) -> Any:
+            with contextlib.suppress(asyncio.CancelledError):
+                return await super().__anext__()
+            return {"type": "response.output_text.delta", "delta": "late"}
+
+    inner = Swallower(stream_events(2), before={3: block_ignoring_signal})
+    g = guard(inner, sig, cancel_grace=0.05)
+    await drain(g)
+    assert g.lifecycle.ended
+    stuck = [a for a in g.lifecycle.anomalies if a.kind == "stuck"]
+    assert stuck and stuck[0].event_type == "response.output_text.delta"
+
+
+async def test_closing_a_stuck_stream_that_raises_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+
+    class RaisingClose(Scripted):
+        async def aclose(self) -> None:
+            self.closes += 1
+            raise RuntimeError("close failed")
+
+    sig = asyncio.Event()
+    sig.set()
+    inner = RaisingClose(stream_events(2), before={3: block_ignoring_signal})
+    with caplog.at_level("WARNING", logger="eventguard"):
+        await drain(guard(inner, sig, cancel_grace=0.05))
+        for _ in range(3):
+            await asyncio.sleep(0)
+    (record,) = [r for r in caplog.records if "closing a stuck inner stream raised" in r.getMessage()]
+    assert record.exc_info and record.exc_info[0] is RuntimeError
+
+
+async def test_a_swallowed_cancel_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
+
+    async def swallower() -> Any:
+        for e in stream_events(1, final=None):
+            yield e
+        with contextlib.suppress(asyncio.CancelledError):
+            await block_ignoring_signal()
+        await asyncio.sleep(0.3)  # waits again, past the second grace
+        yield {"type": "response.output_text.delta", "delta": "late"}
+
+    sig = asyncio.Event()
+    sig.set()
+    with caplog.at_level("WARNING", logger="eventguard"):
+        await drain(guard(swallower(), sig, cancel_grace=0.05))
+    assert any("and swallowed the cancel" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("kind", list(SHUTDOWN_FLAGS))
+async def test_a_shutdown_flag_of_any_kind_wakes_the_watchdog_for_a_stuck_stream(kind: str) -> None:
+    """Origin: right but untested, pinned at stop 9 (test_pinned_behaviours.py)."""
+    ctx = host_context(background=False)
+    ctx.shutdown = SHUTDOWN_FLAGS[kind]()
+
+    async def inner() -> AsyncIterator[Any]:
+        yield CREATED
+        await asyncio.sleep(3600)  # ignores the shutdown; honours task cancellation
+        yield terminal()
+
+    g = guard(inner(), asyncio.Event(), context=ctx, cancel_grace=GRACE)
+    loop = asyncio.get_running_loop()
+    out = []
+    async with asyncio.timeout(BOUND):
+        async for e in g:
+            out.append(e)
+            loop.call_later(0.02, ctx.shutdown.set)  # the host's shutdown handler sets only this flag
+    assert out == [CREATED]
+    assert (g.lifecycle.state, g.lifecycle.cause) == (State.FAILED, Cause.SHUTDOWN)
+    assert [a.kind for a in g.lifecycle.anomalies] == ["stuck"]
+
+
+@pytest.mark.parametrize("with_shutdown", [True, False], ids=["signal and shutdown", "signal only"])
+async def test_the_watchdog_does_not_wake_up_while_nothing_is_signalled(
+    with_shutdown: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Origin: right but untested, pinned at stop 9 (test_pinned_behaviours.py)."""
+    loop = asyncio.get_running_loop()
+    scheduled = watchdog_timers(loop, monkeypatch)
+    release = asyncio.Event()
+
+    async def inner() -> AsyncIterator[Any]:
+        yield CREATED
+        await release.wait()
+        yield terminal()
+
+    ctx = host_context() if with_shutdown else None
+    g = guard(inner(), asyncio.Event(), context=ctx, cancel_grace=GRACE)
+    async with asyncio.timeout(BOUND), g:
+        assert await g.__anext__() is CREATED
+        await asyncio.sleep(0.3)  # six times the polling period: a poller would have woken six times
+        assert scheduled == []
+        release.set()
+        rest = [e async for e in g]
+    assert rest[-1]["type"] == "response.completed"
+    assert scheduled == []
+
+
+async def test_a_flag_that_cannot_be_awaited_is_polled_gently(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The counter above does see the watchdog's timers: a threading.Event shutdown is polled every 50 ms.
+    """Origin: right but untested, pinned at stop 9 (test_pinned_behaviours.py)."""
+    loop = asyncio.get_running_loop()
+    scheduled = watchdog_timers(loop, monkeypatch)
+    release = asyncio.Event()
+
+    async def inner() -> AsyncIterator[Any]:
+        yield CREATED
+        await release.wait()
+        yield terminal()
+
+    ctx = host_context()
+    ctx.shutdown = threading.Event()
+    g = guard(inner(), asyncio.Event(), context=ctx, cancel_grace=GRACE)
+    async with asyncio.timeout(BOUND), g:
+        await g.__anext__()
+        await asyncio.sleep(0.3)
+        release.set()
+        await collect(g)
+    assert 3 <= len(scheduled) <= 9
+
+
+@pytest.mark.parametrize(
+    "behaviour",
+    [
+        "honours the cancel",
+        "swallows it and yields",
+        "swallows it and waits again",
+        "swallows it, waits again, ends",
+    ],
+)
+@pytest.mark.parametrize("cause", ["steering", "client cancel", "shutdown"])
+async def test_a_stuck_run_has_exactly_one_stuck_anomaly(behaviour: str, cause: str) -> None:
+    """Origin: right but untested, pinned at stop 9 (test_pinned_behaviours.py)."""
+    signal, ctx = asyncio.Event(), host_context()
+    g = guard(stuck_inner(behaviour), signal, context=ctx, cancel_grace=GRACE)
+    async with asyncio.timeout(BOUND):
+        task = asyncio.create_task(collect(g))
+        await asyncio.sleep(0.01)
+        if cause == "client cancel":
+            ctx.client_cancelled = True
+        if cause == "shutdown":
+            ctx.shutdown.set()
+        else:
+            signal.set()
+        await task
+        await asyncio.sleep(8 * GRACE)  # whatever the watchdog and the late call still do
+    assert [a.kind for a in g.lifecycle.anomalies].count("stuck") == 1
+    assert g.lifecycle.ended
+
+
+@pytest.mark.parametrize(
+    ("during_pause", "while_paused", "state", "cause"),
+    [
+        # The terminal's decision waits for the end of the stream (a client cancel may still come)...
+        ("nothing", State.IN_PROGRESS, State.COMPLETED, Cause.NORMAL),
+        ("steering", State.IN_PROGRESS, State.COMPLETED, Cause.NORMAL),  # the terminal's moment decides
+        # ...unless a cause comes while the host pauses: then it is settled cancel_grace later.
+        ("shutdown", State.COMPLETED, State.COMPLETED, Cause.NORMAL),  # the terminal came before it
+        ("client cancel", State.CANCELLED, State.CANCELLED, Cause.CLIENT_CANCEL),  # as the host reports
+    ],
+)
+async def test_the_ending_after_a_forwarded_terminal_stands_when_the_host_then_pauses(
+    during_pause: str, while_paused: State, state: State, cause: Cause
+) -> None:
+    """Origin: right but untested, pinned at stop 9 (test_pinned_behaviours.py)."""
+    signal, ctx = asyncio.Event(), host_context()
+    events = stream_events(1)
+    g = guard(Scripted(events), signal, context=ctx, cancel_grace=GRACE)
+    async with asyncio.timeout(BOUND):
+        it = aiter(g)
+        for _ in events:
+            last = await anext(it)
+        assert last["type"] == "response.completed"  # forwarded; the host has not asked for the end
+        if during_pause == "client cancel":
+            ctx.client_cancelled = True
+        if during_pause == "shutdown":
+            ctx.shutdown.set()
+        if during_pause != "nothing":
+            signal.set()
+        await asyncio.sleep(4 * GRACE)  # the host pauses past cancel_grace
+        assert g.lifecycle.state is while_paused
+        rest = [e async for e in it]
+    assert rest == []
+    assert (g.lifecycle.state, g.lifecycle.cause) == (state, cause)
+    assert "abandoned" not in [a.kind for a in g.lifecycle.anomalies]
+    assert g.inner_closed == 1

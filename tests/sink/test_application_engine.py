@@ -1,0 +1,140 @@
+"""The application's own engine: the sink and the store use it and never close what they did not make.
+
+Issue 14 part 2 ("``SqlSink(engine)`` fails: 'AsyncEngine' object has no attribute
+'get_backend_name'"). Real SQLite files and a real PostgreSQL schema per test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine as create_sync_engine
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from eventguard import ResponseStore, SqlSink
+
+from .conftest import PG_URL, Target
+from .helpers import run_guarded, script
+
+
+def _app_engine(target: Target, **kw: Any) -> AsyncEngine:
+    if target.kind == "sqlite":
+        return create_async_engine(target.url, **kw)
+    return create_async_engine(PG_URL, pool_size=2, max_overflow=0, **kw)
+
+
+async def _one(engine: AsyncEngine, sql: str) -> Any:
+    async with engine.connect() as conn:
+        return (await conn.execute(text(sql))).scalar_one()
+
+
+async def test_the_sink_and_the_store_record_and_read_through_the_applications_engine(target: Target) -> None:
+    app = _app_engine(target)
+    try:
+        async with asyncio.timeout(60):
+            sink = SqlSink(engine=app, schema=target.schema, spool_path=target.spool, auto_migrate=True)
+            await sink.start()
+            await run_guarded(sink, script("r_app", n_deltas=5))
+            await sink.aclose()
+            store = ResponseStore(engine=app, schema=target.schema)
+            try:
+                record = await store.get("r_app")
+                history = await store.history("r_app")
+            finally:
+                await store.aclose()
+            # The application's engine is still open and usable: nothing of it was disposed.
+            assert await _one(app, "SELECT 1") == 1
+    finally:
+        await app.dispose()
+    assert record is not None and record.status == "completed"
+    assert history is not None
+    assert len(history.attempts[0].events) == 9  # created, in_progress, 5 deltas, item done, completed
+    assert sink.stats.batches_spooled == 0
+
+
+@pytest.mark.postgres
+async def test_on_postgresql_the_sink_takes_its_connections_from_the_applications_pool(
+    pg_target: Target,
+) -> None:
+    app = _app_engine(pg_target)
+    pool = app.sync_engine.pool
+    try:
+        async with asyncio.timeout(60):
+            sink = SqlSink(engine=app, schema=pg_target.schema, spool_path=pg_target.spool, auto_migrate=True)
+            await sink.start()
+            await run_guarded(sink, script("r_pool", n_deltas=3))
+            await sink.aclose()
+            # The sink's connections went back to the application's pool, and stayed open there.
+            assert pool.checkedin() >= 1  # type: ignore[attr-defined]
+            assert pool.checkedout() == 0  # type: ignore[attr-defined]
+            # The tables are in the schema the sink was given, though the connections were opened
+            # by the application without a search_path.
+            n = await _one(
+                app,
+                f"SELECT count(*) FROM \"{pg_target.schema}\".eventguard_events WHERE response_id = 'r_pool'",
+            )
+            assert n == 7
+            assert await _one(app, "SHOW search_path") == '"$user", public'
+    finally:
+        await app.dispose()
+
+
+@pytest.mark.postgres
+async def test_the_applications_json_decoder_is_kept_on_its_connections(pg_target: Target) -> None:
+    app = _app_engine(pg_target, json_deserializer=lambda s: {"decoded_by": "app", "value": json.loads(s)})
+    try:
+        async with asyncio.timeout(60):
+            sink = SqlSink(engine=app, schema=pg_target.schema, spool_path=pg_target.spool, auto_migrate=True)
+            await sink.start()
+            await run_guarded(sink, script("r_json", n_deltas=1))
+            await sink.aclose()
+            async with app.connect() as conn:
+                value = (await conn.execute(text("SELECT CAST('{\"a\": 1}' AS jsonb)"))).scalar_one()
+    finally:
+        await app.dispose()
+    assert value == {"decoded_by": "app", "value": {"a": 1}}
+
+
+async def test_an_engine_and_a_url_together_are_refused(tmp_path: Path) -> None:
+    app = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'a.db'}")
+    try:
+        with pytest.raises(ValueError, match="not both"):
+            SqlSink(f"sqlite:///{tmp_path / 'b.db'}", engine=app)
+        with pytest.raises(ValueError, match="not both"):
+            ResponseStore(f"sqlite:///{tmp_path / 'b.db'}", engine=app)
+    finally:
+        await app.dispose()
+
+
+async def test_an_in_memory_sqlite_engine_is_refused_with_what_to_do_instead() -> None:
+    app = create_async_engine("sqlite+aiosqlite://")
+    try:
+        with pytest.raises(ValueError, match="file URL"):
+            ResponseStore(engine=app)
+    finally:
+        await app.dispose()
+
+
+@pytest.mark.parametrize("wrong", ["sync engine", "a string", None.__class__])
+def test_something_that_is_not_an_async_engine_is_a_type_error(tmp_path: Path, wrong: Any) -> None:
+    value: Any = {
+        "sync engine": create_sync_engine(f"sqlite:///{tmp_path / 's.db'}"),
+        "a string": "sqlite:///x.db",
+    }.get(wrong, object())
+    with pytest.raises(TypeError, match="AsyncEngine"):
+        SqlSink(engine=value)
+    with pytest.raises(TypeError, match="AsyncEngine"):
+        ResponseStore(engine=value)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("schema", ["", "bad\x00schema", "s" * 64])
+def test_a_schema_postgresql_cannot_name_is_a_value_error(schema: str) -> None:
+    app = create_async_engine(PG_URL)
+    with pytest.raises(ValueError, match="schema="):
+        ResponseStore(engine=app, schema=schema)

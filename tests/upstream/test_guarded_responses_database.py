@@ -1,0 +1,69 @@
+"""``GuardedResponsesHostServer(agent, database=URL)``: one URL for the sink and the host's response
+store, handed to the host under the keyword its release knows, opened and closed with the app."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_framework_foundry_hosting import ResponsesHostServer
+from azure.ai.agentserver.responses import InMemoryResponseProvider
+
+from eventguard import SqlResponseProvider, SqlSink
+from eventguard.foundry import GuardedResponsesHostServer
+from eventguard.testing import chat_agent
+
+pytestmark = [pytest.mark.upstream]
+
+KEYWORD = (
+    "response_store"
+    if "response_store" in inspect.signature(ResponsesHostServer.__init__).parameters
+    else "store"
+)
+
+
+def build(**options: Any) -> GuardedResponsesHostServer:
+    agent, _ = chat_agent()
+    return GuardedResponsesHostServer(agent, configure_observability=None, **options)
+
+
+def test_one_url_builds_the_sink_and_the_store_on_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'one.db'}"
+    server = build(database=url)
+    storage = server.eventguard_storage
+    assert storage is not None
+    assert isinstance(storage.sink, SqlSink) and isinstance(storage.provider, SqlResponseProvider)
+    assert storage.sink.url == storage.provider.url
+    assert server._eventguard_sink is storage.sink
+
+
+def test_sink_none_keeps_only_the_store(tmp_path: Path) -> None:
+    server = build(database=f"sqlite:///{tmp_path / 'store.db'}", sink=None)
+    assert server.eventguard_storage is not None
+    assert server.eventguard_storage.sink is None and server._eventguard_sink is None
+    assert isinstance(server.eventguard_storage.provider, SqlResponseProvider)
+
+
+def test_a_store_of_your_own_is_kept(tmp_path: Path) -> None:
+    mine = InMemoryResponseProvider()
+    server = build(database=f"sqlite:///{tmp_path / 'sink.db'}", **{KEYWORD: mine})
+    assert server.eventguard_storage is not None and server.eventguard_storage.provider is None
+    assert isinstance(server.eventguard_storage.sink, SqlSink)
+
+
+async def test_the_app_lifespan_opens_and_closes_both(tmp_path: Path) -> None:
+    server = build(database=f"sqlite:///{tmp_path / 'life.db'}", migrate=True)
+    storage = server.eventguard_storage
+    assert storage is not None and storage.sink is not None and storage.provider is not None
+    async with asyncio.timeout(30):
+        async with server.router.lifespan_context(server):
+            assert storage.sink._ready and storage.provider._ready
+            await storage.provider.create_response({"id": "resp_life", "status": "queued"}, None, None)
+        assert storage.sink._closed
+        # The store's own pool is gone, the rows are not: a new engine reads them.
+        again = SqlResponseProvider(storage.provider.url)
+        assert (await again.get_response("resp_life"))["status"] == "queued"
+        await again.aclose()
