@@ -6,6 +6,11 @@ The guard, the lifecycle model, the decision table, every error (:mod:`eventguar
 the ``Recorder``/``Sink`` protocols are imported with the package. The heavy parts (the SQL sink
 and the store, which load SQLAlchemy and Alembic) and the store's record types are imported on
 first use of one of their names, so ``from eventguard import guard`` stays cheap.
+
+For an application that migrates the same database with its own Alembic: ``metadata`` is the
+SQLAlchemy ``MetaData`` of eventguard's tables, and ``include_object`` is the one-line filter for its
+``env.py`` (``context.configure(..., include_object=eventguard.include_object)``) that keeps its
+autogenerate away from them (see :func:`eventguard.sql.migrate.include_object`).
 """
 
 import importlib as _importlib
@@ -59,6 +64,8 @@ if _typing.TYPE_CHECKING:
         TransitionRecord,
     )
     from eventguard.sink import EventFilter, Redactor, SqlSink
+    from eventguard.sql.migrate import include_object
+    from eventguard.sql.tables import metadata
     from eventguard.store import ResponseStore
 
 try:
@@ -82,6 +89,8 @@ _LAZY: dict[str, str] = {
     "ResponseStore": "eventguard.store",
     "SqlResponseProvider": "eventguard.provider",
     "SqlSink": "eventguard.sink",
+    "include_object": "eventguard.sql.migrate",
+    "metadata": "eventguard.sql.tables",
 }
 
 
@@ -149,4 +158,6 @@ __all__ = [
     "__version__",
     "decide",
     "guard",
+    "include_object",
+    "metadata",
 ]

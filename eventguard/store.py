@@ -7,7 +7,7 @@ limits, cursors, time zones) and raises :class:`InvalidQueryError` for the rest.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -155,17 +155,7 @@ class ResponseStore:
             evs = await _rows(conn, events, response_id, events.c.attempt, events.c.seq)
             trs = await _rows(conn, transitions, response_id, transitions.c.attempt, transitions.c.idx)
             ans = await _rows(conn, anomalies, response_id, anomalies.c.attempt, anomalies.c.pk)
-        numbers = sorted({x.attempt for x in (*evs, *trs, *ans)} | {row.attempt})
-        attempts = [
-            Attempt(
-                attempt=n,
-                events=[EventRecord.model_validate(e) for e in evs if e.attempt == n],
-                transitions=[TransitionRecord.model_validate(t) for t in trs if t.attempt == n],
-                anomalies=[AnomalyRecord.model_validate(x) for x in ans if x.attempt == n],
-            )
-            for n in numbers
-        ]
-        return History(response=ResponseRecord.model_validate(row), attempts=attempts)
+        return _history(row, evs, trs, ans)
 
     async def stats(self, *, since: datetime | None = None) -> Stats:
         """Counts by status and cause, and duration percentiles, of responses active since ``since``."""
@@ -325,6 +315,47 @@ class ResponseStore:
         items = [model.model_validate(row) for row in rows[:size]]
         return Page(items=items, next_after=items[-1].pk if len(rows) > size else None)
 
+    # --- whole-table reads, a page at a time (verify, and any caller that reads everything) ---------
+
+    async def count(self) -> int:
+        """How many responses are stored (every status)."""
+        async with self._reader.begin() as conn:
+            return int((await conn.execute(select(func.count()).select_from(responses))).scalar_one())
+
+    async def histories(self, *, batch: int = 500) -> AsyncIterator[History]:
+        """Every stored response's :class:`History`, in insertion order, read ``batch`` responses at a time.
+
+        Four queries per page (the rows, then their events, transitions and anomalies by
+        ``response_id IN (...)``), not four per response; memory holds one page. A response written
+        while this runs is included if its row comes after the page being read.
+
+        Args:
+            batch: responses per page, 1 to 500 (SQLite's bound-parameter limit allows that many ids).
+        """
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 500:
+            raise InvalidQueryError(f"batch must be an integer from 1 to 500, not {batch!r}")
+        r = responses.c
+        after = 0
+        while True:
+            async with self._reader.begin() as conn:
+                rows = (
+                    await conn.execute(select(responses).where(r.pk > after).order_by(r.pk).limit(batch))
+                ).all()
+                if not rows:
+                    return
+                ids = [row.response_id for row in rows]
+                evs = await _rows_of(conn, events, ids, events.c.attempt, events.c.seq)
+                trs = await _rows_of(conn, transitions, ids, transitions.c.attempt, transitions.c.idx)
+                ans = await _rows_of(conn, anomalies, ids, anomalies.c.attempt, anomalies.c.pk)
+            for row in rows:
+                yield _history(
+                    row,
+                    evs.get(row.response_id, ()),
+                    trs.get(row.response_id, ()),
+                    ans.get(row.response_id, ()),
+                )
+            after = rows[-1].pk
+
 
 def stored_id(response_id: str) -> str:
     """The id under which the sink stores ``response_id``.
@@ -343,6 +374,32 @@ async def _rows(
     return (
         await conn.execute(select(table).where(table.c.response_id == response_id).order_by(*order))
     ).all()
+
+
+async def _rows_of(
+    conn: AsyncConnection, table: Any, response_ids: list[str], *order: ColumnElement[Any]
+) -> dict[str, list[Any]]:
+    """The rows of ``table`` for these responses, grouped by response id, each group in ``order``."""
+    query = select(table).where(table.c.response_id.in_(response_ids)).order_by(table.c.response_id, *order)
+    grouped: dict[str, list[Any]] = {}
+    for row in (await conn.execute(query)).all():
+        grouped.setdefault(row.response_id, []).append(row)
+    return grouped
+
+
+def _history(row: Any, evs: Sequence[Any], trs: Sequence[Any], ans: Sequence[Any]) -> History:
+    """A response row and its rows (each in order) as a :class:`History`, attempt by attempt."""
+    numbers = sorted({x.attempt for x in (*evs, *trs, *ans)} | {row.attempt})
+    attempts = [
+        Attempt(
+            attempt=n,
+            events=[EventRecord.model_validate(e) for e in evs if e.attempt == n],
+            transitions=[TransitionRecord.model_validate(t) for t in trs if t.attempt == n],
+            anomalies=[AnomalyRecord.model_validate(x) for x in ans if x.attempt == n],
+        )
+        for n in numbers
+    ]
+    return History(response=ResponseRecord.model_validate(row), attempts=attempts)
 
 
 def _statuses(status: str | Iterable[str], *, allowed: Sequence[str]) -> list[str]:

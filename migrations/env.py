@@ -44,10 +44,19 @@ def _url_argument() -> str | None:
     return x.get("url") or config.attributes.get("url") or config.get_main_option("sqlalchemy.url")
 
 
+def _schema_argument() -> str | None:
+    schema = context.get_x_argument(as_dictionary=True).get("schema") or config.attributes.get("schema")
+    return schema or None
+
+
 def run_migrations_offline() -> None:
     url = resolve_url(_url_argument())
     context.configure(url=url, literal_binds=True, dialect_opts={"paramstyle": "named"}, **_options())
+    schema = _schema_argument()
     with context.begin_transaction():
+        if schema is not None:  # what create_engine(schema=) does per connection, said once
+            quoted = url.get_dialect()().identifier_preparer.quote_identifier(schema)
+            context.execute(f"SET search_path TO {quoted}")
         context.run_migrations()
 
 
@@ -58,8 +67,7 @@ def do_run_migrations(connection: Connection) -> None:
 
 
 async def run_async_migrations() -> None:
-    schema = context.get_x_argument(as_dictionary=True).get("schema")
-    engine = create_engine(resolve_url(_url_argument()), schema=schema)
+    engine = create_engine(resolve_url(_url_argument()), schema=_schema_argument())
     try:
         async with engine.begin() as connection:
             await connection.run_sync(do_run_migrations)

@@ -76,6 +76,8 @@ EXPORTED = [
     "__version__",
     "decide",
     "guard",
+    "include_object",
+    "metadata",
 ]
 
 #: Exported names that have no docstring yet, each in a module this surface's owner does not edit.

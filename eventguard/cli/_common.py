@@ -55,6 +55,18 @@ DatabaseUrl = Annotated[
     ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of tables.")]
+#: The environment variable ``--schema`` falls back to.
+ENV_SCHEMA = "EVENTGUARD_SCHEMA"
+Schema = Annotated[
+    str | None,
+    typer.Option(
+        "--schema",
+        envvar=ENV_SCHEMA,
+        show_envvar=True,
+        help="PostgreSQL schema of eventguard's tables (as SqlSink(schema=...)). Default: the search path.",
+        show_default=False,
+    ),
+]
 
 # Nothing we print is read as rich markup or :emoji: codes: stored data goes through printable()
 # and reaches rich as plain text.
@@ -128,8 +140,20 @@ def scrub(text: str, secrets: Iterable[str] = ()) -> str:
     return _db.scrub(text, {*_SECRETS, *secrets})
 
 
-def resolve(url: str | None) -> URL:
-    """The database URL, parsed and checked; a bad one is a one-line error (never with its password)."""
+def resolve(url: str | None, schema: str | None = None) -> URL:
+    """The database URL, parsed and checked; a bad one is a one-line error (never with its password).
+
+    Args:
+        url: ``--database-url`` (None: ``EVENTGUARD_DATABASE_URL``, else the default SQLite file).
+        schema: ``--schema``, checked against the URL: only PostgreSQL has schemas.
+    """
+    resolved = _resolve(url)
+    if schema is not None and resolved.get_backend_name() != "postgresql":
+        fail(f"--schema {schema!r} is a PostgreSQL setting: an SQLite database has one schema")
+    return resolved
+
+
+def _resolve(url: str | None) -> URL:
     remember_secrets(url)
     raw = url if url is not None else os.environ.get(_db.ENV_URL) or None
     if raw is not None:
@@ -160,8 +184,8 @@ def ensure_exists(url: URL) -> None:
         )
 
 
-async def check_schema(url: URL) -> None:
-    engine = _db.create_engine(url)
+async def check_schema(url: URL, schema: str | None = None) -> None:
+    engine = _db.create_engine(url, schema=schema)
     try:
         await _migrate.check(engine)
     finally:
@@ -223,16 +247,31 @@ def _url_or_none(url: object) -> URL | None:
         return None
 
 
-def register(app: typer.Typer, fn: Callable[..., Any], name: str | None = None) -> None:
-    """Register ``fn`` as the command ``name`` of ``app``, its errors handled (:func:`handled`)."""
-    app.command(name)(handled(fn))
+def register(
+    app: typer.Typer,
+    fn: Callable[..., Any],
+    name: str | None = None,
+    *,
+    context_settings: dict[str, Any] | None = None,
+) -> None:
+    """Register ``fn`` as the command ``name`` of ``app``, its errors handled (:func:`handled`).
+
+    Args:
+        app: the typer application or group.
+        fn: the command.
+        name: its name (default: ``fn``'s).
+        context_settings: click's, for this command (e.g. ``ignore_unknown_options``).
+    """
+    app.command(name, context_settings=context_settings)(handled(fn))
 
 
-def command(app: typer.Typer, name: str | None = None) -> Callable[[Callable[P, T]], Callable[P, T]]:
+def command(
+    app: typer.Typer, name: str | None = None, *, context_settings: dict[str, Any] | None = None
+) -> Callable[[Callable[P, T]], Callable[P, T]]:
     """Decorator form of :func:`register`; returns ``fn`` itself."""
 
     def decorate(fn: Callable[P, T]) -> Callable[P, T]:
-        register(app, fn, name)
+        register(app, fn, name, context_settings=context_settings)
         return fn
 
     return decorate
@@ -364,29 +403,97 @@ class SafeGroup(TyperGroup):
 
 
 def _clean_usage_error(exc: Exception, argv: Iterable[Any]) -> None:
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        return  # click >= 8.2 raises the help of a bare group as a usage error: our text, many lines
     secrets = remember_secrets(*(str(arg) for arg in argv if "://" in str(arg)))
     for name in ("message", "ui_filename"):
         value = getattr(exc, name, None)
         if isinstance(value, str):
             setattr(exc, name, one_line(value, secrets))
+    if isinstance(exc, _USAGE_ERROR) and not isinstance(exc, ChoiceError):
+        # click prints a usage error as three lines (usage, a hint, the error): ours are one, like
+        # every other error, with the hint at its end.
+        setattr(exc, "show", functools.partial(_show_usage_error, exc, secrets))  # noqa: B010
+
+
+#: click's usage error, whichever click typer runs on.
+_USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def _show_usage_error(exc: Any, secrets: set[str], file: Any = None) -> None:
+    ctx = getattr(exc, "ctx", None)
+    where = getattr(ctx, "command_path", None) or "eventguard"
+    message = one_line(exc.format_message(), secrets)
+    err.print(Text(f"eventguard: error: {message} (see `{printable(where)} --help`)"), soft_wrap=True)
 
 
 def run(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
     return asyncio.run(coro_fn())
 
 
-async def with_store(url: URL, work: Callable[[ResponseStore], Awaitable[T]]) -> T:
+async def with_store(url: URL, work: Callable[[ResponseStore], Awaitable[T]], schema: str | None = None) -> T:
     """Check the database is there and migrated, then run ``work`` with a store on it."""
     ensure_exists(url)
-    await check_schema(url)
-    async with ResponseStore(url) as store:
+    await check_schema(url, schema)
+    async with ResponseStore(url, schema=schema) as store:
         return await work(store)
 
 
-def store_command(url_option: str | None, work: Callable[[ResponseStore], Awaitable[T]]) -> T:
-    """Resolve ``--database-url``, check the database, and run ``work`` with a store on it."""
-    url = resolve(url_option)
-    return run(lambda: with_store(url, work))
+def store_command(
+    url_option: str | None, work: Callable[[ResponseStore], Awaitable[T]], schema: str | None = None
+) -> T:
+    """Resolve ``--database-url`` (and ``--schema``), check the database, run ``work`` with a store on it."""
+    url = resolve(url_option, schema)
+    return run(lambda: with_store(url, work, schema))
+
+
+class Bar:
+    """What a command tells its progress bar: how far it is (and, once known, how far it goes)."""
+
+    def __init__(self, update: Callable[[int, int | None], None] | None = None) -> None:
+        self._update = update
+
+    def update(self, done: int, total: int | None = None) -> None:
+        """``done`` items so far, of ``total`` (None: unknown, or as last said)."""
+        if self._update is not None:
+            self._update(done, total)
+
+
+@contextmanager
+def progress(description: str, *, quiet: bool) -> Iterator[Bar]:
+    """A ``rich.progress`` bar on stderr while a long command runs, only on a terminal.
+
+    With ``quiet`` (``--json``), or when stderr is piped or a file, nothing is drawn and the
+    :class:`Bar` does nothing. The bar is transient: it is gone when the command prints its result.
+    """
+    if quiet or not err.is_terminal:
+        yield Bar()
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err, transient=True) as shown:
+        task = shown.add_task(printable(description), total=None)
+
+        def update(done: int, total: int | None) -> None:
+            if total is not None:
+                shown.update(task, total=total)
+            shown.update(task, completed=done)
+
+        yield Bar(update)
 
 
 def emit_json(value: Any) -> None:

@@ -1,8 +1,10 @@
-"""``eventguard db upgrade | downgrade | current``: the schema, through the shipped Alembic migrations."""
+"""``eventguard db upgrade | downgrade | stamp | current | history``: the schema, through the shipped
+Alembic migrations."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from typing import Annotated
 
 import typer
@@ -12,12 +14,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from eventguard.cli._common import (
     DatabaseUrl,
     Json,
+    Schema,
     command,
     emit_json,
     ensure_exists,
+    fail,
+    out,
     resolve,
     run,
     say,
+    table,
 )
 from eventguard.sql import engine as _db
 from eventguard.sql import migrate as _migrate
@@ -27,13 +33,14 @@ Revisions = tuple[str, ...]
 
 async def _move(
     url: URL,
+    schema: str | None,
     step: Callable[[AsyncEngine, str], Awaitable[None]],
     revision: str,
     *,
     skip_empty: bool = False,
 ) -> tuple[Revisions, Revisions]:
     """Apply one migration step; the revisions before and after it."""
-    engine = _db.create_engine(url)
+    engine = _db.create_engine(url, schema=schema)
     try:
         before = await _migrate.current_revision(engine)
         if skip_empty and not before:
@@ -45,7 +52,7 @@ async def _move(
 
 
 app = typer.Typer(
-    help="Create, upgrade, downgrade or inspect the eventguard schema.",
+    help="Create, upgrade, downgrade, stamp or inspect the eventguard schema.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -54,13 +61,36 @@ app = typer.Typer(
 @command(app)
 def upgrade(
     revision: Annotated[str, typer.Argument(metavar="REVISION", help="Target revision.")] = "head",
+    sql: Annotated[
+        bool,
+        typer.Option(
+            "--sql",
+            help="Print the SQL the upgrade would run (for a DBA) instead of running it; no connection.",
+        ),
+    ] = False,
+    start: Annotated[
+        str | None,
+        typer.Option("--from", help="With --sql: the revision the database is at (default: an empty one)."),
+    ] = None,
     database_url: DatabaseUrl = None,
+    schema: Schema = None,
     json: Json = False,
 ) -> None:
     """Create the schema, or upgrade it to this eventguard's version (idempotent)."""
-    url = resolve(database_url)
+    url = resolve(database_url, schema)
+    if start is not None and not sql:
+        fail("--from goes with --sql (a live upgrade starts from the database's own revision)")
+    if sql:
+        text = _migrate.upgrade_sql(
+            url.render_as_string(hide_password=True), revision, start=start, schema=schema
+        )
+        if json:
+            emit_json({"database_url": _db.safe_url(url), "sql": text})
+        else:
+            out.file.write(text)  # SQL as it is, for a file or psql: no wrapping, no escaping of quotes
+        return
 
-    before, after = run(lambda: _move(url, _migrate.upgrade, revision))
+    before, after = run(lambda: _move(url, schema, _migrate.upgrade, revision))
     if json:
         emit_json({"database_url": _db.safe_url(url), "before": list(before), "after": list(after)})
         return
@@ -70,19 +100,24 @@ def upgrade(
         say(f"{_db.safe_url(url)}: upgraded {_rev(before)} -> {_rev(after)}")
 
 
-@command(app)
+# click reads `-1` as an unknown option: let it through to REVISION, where it belongs.
+@command(app, context_settings={"ignore_unknown_options": True})
 def downgrade(
     revision: Annotated[
-        str, typer.Argument(metavar="REVISION", help="A revision id, -1, or base (drops every table).")
+        str,
+        typer.Argument(metavar="REVISION", help="A revision id, -1 (one step), or base (drops every table)."),
     ],
     database_url: DatabaseUrl = None,
+    schema: Schema = None,
     json: Json = False,
 ) -> None:
     """Downgrade the schema to REVISION. `base` removes eventguard's tables and their data."""
-    url = resolve(database_url)
+    if revision.startswith("-") and not revision[1:].isdigit():
+        fail(f"no such option: {revision} (a relative REVISION is -N, such as -1)")
+    url = resolve(database_url, schema)
     ensure_exists(url)
 
-    before, after = run(lambda: _move(url, _migrate.downgrade, revision, skip_empty=True))
+    before, after = run(lambda: _move(url, schema, _migrate.downgrade, revision, skip_empty=True))
     if json:
         emit_json({"database_url": _db.safe_url(url), "before": list(before), "after": list(after)})
         return
@@ -90,13 +125,31 @@ def downgrade(
 
 
 @command(app)
-def current(database_url: DatabaseUrl = None, json: Json = False) -> None:
+def stamp(
+    revision: Annotated[str, typer.Argument(metavar="REVISION", help="The revision to record.")] = "head",
+    database_url: DatabaseUrl = None,
+    schema: Schema = None,
+    json: Json = False,
+) -> None:
+    """Record REVISION as the schema's revision without running a migration (tables made another way)."""
+    url = resolve(database_url, schema)
+    ensure_exists(url)
+
+    before, after = run(lambda: _move(url, schema, _migrate.stamp, revision))
+    if json:
+        emit_json({"database_url": _db.safe_url(url), "before": list(before), "after": list(after)})
+        return
+    say(f"{_db.safe_url(url)}: stamped {_rev(before)} -> {_rev(after)}")
+
+
+@command(app)
+def current(database_url: DatabaseUrl = None, schema: Schema = None, json: Json = False) -> None:
     """Show the database's schema revision and this eventguard's."""
-    url = resolve(database_url)
+    url = resolve(database_url, schema)
     ensure_exists(url)
 
     async def work() -> tuple[str, ...]:
-        engine = _db.create_engine(url)
+        engine = _db.create_engine(url, schema=schema)
         try:
             return await _migrate.current_revision(engine)
         finally:
@@ -118,6 +171,19 @@ def current(database_url: DatabaseUrl = None, json: Json = False) -> None:
     say(f"database: {_db.safe_url(url)}")
     say(f"current:  {_rev(now)}")
     say(f"head:     {_rev(expected)} ({state})")
+
+
+@command(app)
+def history(json: Json = False) -> None:
+    """The migrations this eventguard ships, newest first (no database needed)."""
+    revisions = _migrate.history()
+    if json:
+        emit_json([asdict(r) for r in revisions])
+        return
+    rows = [
+        [r.revision, r.down_revision or "(base)", "head" if r.is_head else "", r.message] for r in revisions
+    ]
+    out.print(table(None, ["revision", "after", "", "what it does"], rows, keep=["revision"]))
 
 
 def _rev(revisions: tuple[str, ...]) -> str:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.text import Text
 
+from eventguard.cli import missing_extra
 from eventguard.cli._common import (
     DatabaseUrl,
     Json,
@@ -32,7 +33,13 @@ def command(database_url: DatabaseUrl = None, json: Json = False) -> None:
     No model is needed. Five responses (completes; cancelled while suspended; cancelled after text
     streamed; executor raises; chat cut short by graceful shutdown) are stored in the database.
     """
-    from eventguard.demo import run_demo
+    try:
+        from eventguard.demo import run_demo
+    except ModuleNotFoundError as exc:  # the demo's server and client are the `demo` extra
+        message = missing_extra(exc, {"uvicorn": "demo", "openai": "demo"})
+        if message is None:
+            raise
+        fail(message)
 
     url = resolve(database_url)
 

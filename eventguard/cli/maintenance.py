@@ -11,8 +11,10 @@ from eventguard.cli._common import (
     Json,
     Policy,
     RecoverPolicy,
+    Schema,
     emit_json,
     parse_duration,
+    progress,
     say,
     store_command,
 )
@@ -28,6 +30,7 @@ def prune(
         bool, typer.Option("--drop-summary", help="Delete the response rows too (default: keep them).")
     ] = False,
     database_url: DatabaseUrl = None,
+    schema: Schema = None,
     json: Json = False,
 ) -> None:
     """Delete the history (events, transitions, anomalies) of responses that ended before the age."""
@@ -39,7 +42,8 @@ def prune(
             await store.prune_envelopes(older_than=age),
         )
 
-    result, envelopes = store_command(database_url, work)
+    with progress(f"pruning history older than {older_than}", quiet=json):
+        result, envelopes = store_command(database_url, work, schema)
     if json:
         emit_json({**result.model_dump(mode="json"), "response_store": envelopes.model_dump(mode="json")})
         return
@@ -58,6 +62,7 @@ def recover(
     policy: Policy = RecoverPolicy.INTERRUPTED,
     limit: Annotated[int, typer.Option("--limit", min=1, max=10_000, help="At most this many.")] = 1000,
     database_url: DatabaseUrl = None,
+    schema: Schema = None,
     json: Json = False,
 ) -> None:
     """Mark responses nobody has written since before the age (a crashed replica) as ended."""
@@ -67,7 +72,8 @@ def recover(
     async def work(store: ResponseStore) -> list[str]:
         return await store.recover(older_than=age, policy=chosen, limit=limit)
 
-    marked = store_command(database_url, work)
+    with progress(f"recovering responses stuck for more than {older_than}", quiet=json):
+        marked = store_command(database_url, work, schema)
     if json:
         emit_json({"policy": chosen, "marked": marked})
         return

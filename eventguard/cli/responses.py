@@ -12,6 +12,7 @@ from eventguard.cli import _query
 from eventguard.cli._common import (
     DatabaseUrl,
     Json,
+    Schema,
     Status,
     command,
     emit_json,
@@ -59,10 +60,11 @@ def list_(
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=10_000, help="At most this many.")] = 50,
     database_url: DatabaseUrl = None,
+    schema: Schema = None,
     json: Json = False,
 ) -> None:
     """Recorded responses, newest first."""
-    url = resolve(database_url)
+    url = resolve(database_url, schema)
     since_at = parse_time(since, "--since") if since is not None else None
 
     async def work(store: ResponseStore) -> list[ResponseRecord]:
@@ -70,7 +72,7 @@ def list_(
             store, status=None if status is None else status.value, since=since_at, limit=limit
         )
 
-    records = run(lambda: with_store(url, work))
+    records = run(lambda: with_store(url, work, schema))
     if json:
         emit_json([r.model_dump(mode="json") for r in records])
         return
@@ -103,16 +105,17 @@ def list_(
 def show(
     response_id: Annotated[str, typer.Argument(help="The response id (resp_... / caresp_...).")],
     database_url: DatabaseUrl = None,
+    schema: Schema = None,
     json: Json = False,
 ) -> None:
     """One response's timeline: its transitions, its events summarised, its anomalies."""
-    url = resolve(database_url)
+    url = resolve(database_url, schema)
 
     async def work(store: ResponseStore) -> tuple[History | None, list[EnvelopeRecord]]:
         return await store.history(response_id), await store.envelopes(response_id)
 
     ensure_exists(url)
-    history, envelopes = run(lambda: with_store(url, work))
+    history, envelopes = run(lambda: with_store(url, work, schema))
     if history is None:
         fail(f"unknown response id {response_id!r}")
     if json:
@@ -139,15 +142,28 @@ def show(
         ("error", _error(r)),
         ("flags", _flags(r)),
         ("attempts", str(r.attempt)),
-        ("events", str(r.event_count)),
+        ("events", _events(history)),
     ]
     for name, value in details:
         if value:
             say(f"  {name:<14}{value}")
     for envelope in envelopes:
         _print_envelope(envelope)
+    if not any(a.transitions or a.events or a.anomalies for a in history.attempts):
+        say("  history       pruned: only this summary row is kept (eventguard prune)")
+        return
     for attempt in history.attempts:
         _print_attempt(attempt, len(history.attempts) > 1)
+
+
+def _events(history: History) -> str:
+    """How many events: those stored, which the row's count (kept at flushes and the end) can lag;
+    the row's count alone once the history is pruned."""
+    stored = sum(len(a.events) for a in history.attempts)
+    count = history.response.event_count
+    if stored == 0 or stored == count:
+        return str(count)
+    return f"{stored} stored" + (f" (the row says {count})" if count else "")
 
 
 def _print_envelope(e: EnvelopeRecord) -> None:
@@ -172,7 +188,9 @@ def _item_summary(item: Any) -> str:
 
 def _print_attempt(attempt: Attempt, numbered: bool) -> None:
     suffix = f" (attempt {attempt.attempt})" if numbered else ""
-    start = attempt.transitions[0].at if attempt.transitions else None
+    # The earliest, not the first listed: recover's mark (numbered below zero) is listed first but
+    # comes last in time, and offsets from it were negative ("+-2531 ms").
+    start = min((t.at for t in attempt.transitions), default=None)
     rows: list[list[Any]] = []
     for t in sorted(attempt.transitions, key=lambda t: (t.idx < 0, t.idx if t.idx >= 0 else -t.idx)):
         offset = f"+{(t.at - start).total_seconds() * 1000:.0f} ms" if start is not None else ""

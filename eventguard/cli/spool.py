@@ -10,12 +10,14 @@ import typer
 from eventguard.cli._common import (
     DatabaseUrl,
     Json,
+    Schema,
     check_schema,
     command,
     emit_json,
     ensure_exists,
     out,
     printable,
+    progress,
     resolve,
     run,
 )
@@ -38,6 +40,7 @@ def replay(
         ),
     ] = None,
     database_url: DatabaseUrl = None,
+    schema: Schema = None,
     json: Json = False,
 ) -> None:
     """Load the spool into the database, idempotently; each file is removed once loaded.
@@ -45,12 +48,12 @@ def replay(
     Files are read a record at a time, and each is claimed while it is loaded: two replays at once
     (two processes, a server starting) never load the same file, and each counts only its own.
     """
-    url = resolve(database_url)
+    url = resolve(database_url, schema)
     ensure_exists(url)
 
     async def work() -> tuple[Path, ReplayResult, int]:
-        await check_schema(url)
-        sink = SqlSink(url, spool_path=spool, auto_migrate=False)
+        await check_schema(url, schema)
+        sink = SqlSink(url, schema=schema, spool_path=spool, auto_migrate=False)
         try:
             result = await sink.replay_spool()
             # What is still there: written meanwhile, kept after an outage, or another replay's.
@@ -58,7 +61,8 @@ def replay(
         finally:
             await sink.aclose()
 
-    path, result, waiting = run(work)
+    with progress("replaying the spool", quiet=json):
+        path, result, waiting = run(work)
     quarantined = result.quarantined
     if json:
         emit_json(

@@ -9,6 +9,7 @@ import typer
 from eventguard.cli._common import (
     DatabaseUrl,
     Json,
+    Schema,
     emit_json,
     ms,
     out,
@@ -27,6 +28,7 @@ def command(
         typer.Option("--since", help="Only responses active since: an age (2h, 7d) or an ISO time."),
     ] = None,
     database_url: DatabaseUrl = None,
+    schema: Schema = None,
     json: Json = False,
 ) -> None:
     """Counts by status and by cause, and duration percentiles of ended responses."""
@@ -35,7 +37,7 @@ def command(
     async def work(store: ResponseStore) -> Stats:
         return await store.stats(since=since_at)
 
-    stats = store_command(database_url, work)
+    stats = store_command(database_url, work, schema)
     if json:
         emit_json(stats.model_dump(mode="json"))
         return

@@ -11,22 +11,33 @@ from eventguard.cli._common import (
     EXIT_FOUND,
     DatabaseUrl,
     Json,
+    Schema,
     emit_json,
     out,
+    progress,
     say,
     store_command,
     table,
 )
+from eventguard.store import ResponseStore
 from eventguard.verify import VerifyReport, verify
 
 
 def command(
     database_url: DatabaseUrl = None,
+    schema: Schema = None,
     json: Json = False,
     limit: Annotated[int, typer.Option("--show", min=1, help="Print at most this many disagreements.")] = 100,
 ) -> None:
     """Re-check every stored history against the state machine; exit 1 if any disagrees."""
-    report = store_command(database_url, verify)
+    with progress("verifying stored histories", quiet=json) as bar:
+
+        async def work(store: ResponseStore) -> VerifyReport:
+            total = await store.count()
+            bar.update(0, total)
+            return await verify(store, progress=bar.update)
+
+        report = store_command(database_url, work, schema)
     if json:
         emit_json(
             {

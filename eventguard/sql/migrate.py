@@ -1,4 +1,12 @@
-"""Alembic, driven from code: find the shipped migrations, upgrade, downgrade, check.
+"""Alembic, driven from code: find the shipped migrations, upgrade, downgrade, stamp, check; and the
+filter that keeps an application's own Alembic autogenerate away from eventguard's tables.
+
+An application that migrates the same database with its own Alembic adds one line to its ``env.py``::
+
+    context.configure(..., include_object=eventguard.include_object)
+
+(or, with a filter of its own, ``include_object=lambda *a: eventguard.include_object(*a) and mine(*a)``),
+and its autogenerate drafts nothing for eventguard's tables, their indexes or eventguard's version table.
 
 The migrations live in the repository's top-level ``migrations/`` and are force-included in
 the wheel as ``eventguard/_migrations``; both places are looked up, the installed one first.
@@ -6,8 +14,12 @@ the wheel as ``eventguard/_migrations``; both places are looked up, the installe
 
 from __future__ import annotations
 
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -17,7 +29,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from eventguard.errors import SchemaMismatchError
-from eventguard.sql.tables import VERSION_TABLE
+from eventguard.sql.tables import VERSION_TABLE, metadata
 
 UPGRADE_COMMAND = "eventguard db upgrade"
 
@@ -63,6 +75,8 @@ def _run(connection: Connection, direction: str, revision: str) -> None:
     cfg.attributes["connection"] = connection
     if direction == "upgrade":
         command.upgrade(cfg, revision)
+    elif direction == "stamp":
+        command.stamp(cfg, revision)
     else:
         command.downgrade(cfg, revision)
 
@@ -75,8 +89,109 @@ async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
 
 
 async def downgrade(engine: AsyncEngine, revision: str) -> None:
+    """Downgrade to ``revision``: an id, a relative step such as ``-1``, or ``base`` (drops every table)."""
     async with engine.begin() as conn:
         await conn.run_sync(_run, "downgrade", revision)
+
+
+async def stamp(engine: AsyncEngine, revision: str = "head") -> None:
+    """Record ``revision`` as the database's schema revision without running any migration.
+
+    For a database whose tables were made another way (restored from a dump, created by hand).
+    """
+    async with engine.begin() as conn:
+        await conn.run_sync(_run, "stamp", revision)
+
+
+def upgrade_sql(
+    url: str, revision: str = "head", *, start: str | None = None, schema: str | None = None
+) -> str:
+    """The SQL an upgrade to ``revision`` would run, as text for a DBA (Alembic's offline mode).
+
+    Nothing connects to the database: ``url`` only chooses the dialect.
+
+    Args:
+        url: a database URL (sqlite or postgresql); only its dialect matters.
+        revision: the target revision.
+        start: the revision the database is at (None: an empty database).
+        schema: a PostgreSQL schema; the script starts with ``SET search_path`` to it.
+    """
+    buffer = io.StringIO()
+    cfg = alembic_config()
+    cfg.output_buffer = buffer
+    cfg.attributes["url"] = url
+    if schema is not None:
+        cfg.attributes["schema"] = schema
+    command.upgrade(cfg, revision if start is None else f"{start}:{revision}", sql=True)
+    return buffer.getvalue()
+
+
+@dataclass(frozen=True)
+class Revision:
+    """One shipped migration, as ``eventguard db history`` lists it.
+
+    Attributes:
+        revision: its id.
+        down_revision: the id it follows (None for the first).
+        message: what it does.
+        is_head: whether it is this package's newest.
+    """
+
+    revision: str
+    down_revision: str | None
+    message: str
+    is_head: bool
+
+
+def history() -> list[Revision]:
+    """Every shipped migration, newest first."""
+    script = ScriptDirectory.from_config(alembic_config())
+    heads = set(script.get_heads())
+    return [
+        Revision(
+            revision=rev.revision,
+            down_revision=_one(rev.down_revision),
+            message=(rev.doc or "").strip(),
+            is_head=rev.revision in heads,
+        )
+        for rev in script.walk_revisions()
+    ]
+
+
+def _one(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return ", ".join(value)
+
+
+def _tables() -> Iterator[str]:
+    yield from (table.name for table in metadata.tables.values())
+    yield VERSION_TABLE
+
+
+#: Every table eventguard creates, its Alembic version table included.
+TABLE_NAMES: frozenset[str] = frozenset(_tables())
+
+
+def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+    """Alembic's ``include_object`` hook for an application's own ``env.py``: False for eventguard's.
+
+    Its tables, their columns, indexes and constraints, and eventguard's version table are left
+    out of the application's autogenerate (eventguard migrates them itself: ``eventguard db upgrade``
+    or ``SqlSink.migrate()``); everything else is the application's and is included.
+
+    Args:
+        obj: the schema item Alembic compares (a table, column, index, constraint...).
+        name: its name.
+        type_: ``"table"``, ``"column"``, ``"index"``, ``"unique_constraint"``,
+            ``"foreign_key_constraint"``...
+        reflected: whether it was read from the database (rather than the application's metadata).
+        compare_to: its counterpart on the other side, or None.
+    """
+    if type_ == "table":
+        return name not in TABLE_NAMES
+    table = getattr(obj, "table", None)
+    return getattr(table, "name", None) not in TABLE_NAMES
 
 
 def classify(current: tuple[str, ...], expected: tuple[str, ...]) -> SchemaMismatchError | None:

@@ -58,6 +58,8 @@ TYPE_LENGTH = 128
 #: A stream's id (a uuid hex, from the recorder).
 STREAM_ID_LENGTH = 64
 
+#: Every eventguard table, public as ``eventguard.metadata``: for an application's Alembic (see
+#: ``eventguard.include_object``) or its own queries. eventguard migrates these tables itself.
 metadata = MetaData(
     naming_convention={
         "ix": "ix_%(table_name)s_%(column_0_N_name)s",

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_quick_run_writes_the_table(tmp_path: Path) -> None:
+def test_quick_run_writes_the_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The benchmark quiets eventguard's logger for its table (propagate off, a counting handler):
+    # undone after this test, so later tests' caplog still sees eventguard's records.
+    lg = logging.getLogger("eventguard")
+    monkeypatch.setattr(lg, "propagate", lg.propagate)
+    monkeypatch.setattr(lg, "handlers", list(lg.handlers))
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))  # benchmarks/ is not part of the installed package
     main = importlib.import_module("benchmarks.__main__").main

@@ -6,6 +6,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
+from eventguard.cli import app
 
 from .conftest import Cli
 
@@ -81,3 +84,24 @@ def test_unknown_response_id(filled: str) -> None:
 )
 def test_bad_arguments(filled: str, args: list[str], expected: str) -> None:
     assert expected in one_line(Cli(filled)(*args))
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["stats", "--bogus"], "eventguard: error: No such option: --bogus (see `eventguard stats --help`)"),
+        (
+            ["responses", "show"],
+            "eventguard: error: Missing argument 'RESPONSE_ID'. (see `eventguard responses show --help`)",
+        ),
+        (["nosuch"], "eventguard: error: No such command 'nosuch'. (see `eventguard --help`)"),
+        (["prune"], "eventguard: error: Missing option '--older-than'. (see `eventguard prune --help`)"),
+    ],
+)
+def test_a_usage_error_is_one_line_with_where_to_find_help(argv: list[str], expected: str) -> None:
+    """Issue 14: click's usage errors were three lines (usage, a hint, the error)."""
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2
+    # (the argument's metavar is upper case on some typer releases, lower on others)
+    assert [line.lower() for line in result.stderr.splitlines()] == [expected.lower()]
+    assert result.stdout == ""

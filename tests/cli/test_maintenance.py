@@ -113,7 +113,7 @@ def test_spool_replay_reports_an_unreadable_record_as_quarantined(db_url: str, t
     asyncio.run(spool_only(db_url))
     spool = tmp_path / "spool.jsonl"
     with spool.open("ab") as fh:
-        fh.write(b"EG1 99 00000000 {\"torn")  # a write a crash cut short
+        fh.write(b'EG1 99 00000000 {"torn')  # a write a crash cut short
     assert cli("db", "upgrade").exit_code == 0
     result = cli("spool", "replay", "--spool", str(spool))
     assert result.exit_code == 0, result.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 
 from .conftest import Cli
 
@@ -58,3 +59,44 @@ def test_show_json(filled: str) -> None:
     assert [t["to_state"] for t in attempt["transitions"]] == ["in_progress", "completed"]
     assert attempt["events"][-1]["type"] == "response.completed"
     assert attempt["anomalies"] == []
+
+
+def _sql(db_url: str, *statements: str) -> None:
+    with sqlite3.connect(db_url.removeprefix("sqlite:///")) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+def test_show_after_recover_times_every_transition_from_the_earliest(filled: str) -> None:
+    """Issue 14: recover's mark is listed first (numbered below zero) and offsets went negative."""
+    _sql(
+        filled,
+        "DELETE FROM eventguard_transitions WHERE response_id = 'resp_done' AND to_state = 'completed'",
+        "UPDATE eventguard_responses SET status = 'in_progress', cause = NULL, finished_at = NULL, "
+        "updated_at = '2000-01-01 00:00:00.000000' WHERE response_id = 'resp_done'",
+    )
+    cli = Cli(filled)
+    assert json.loads(cli("recover", "--older-than", "1h", "--json").stdout)["marked"] == ["resp_done"]
+    shown = cli("responses", "show", "resp_done")
+    assert shown.exit_code == 0, shown.output
+    assert "+-" not in shown.stdout and "in_progress -> interrupted" in shown.stdout
+    assert "+0 ms" in shown.stdout
+
+
+def test_show_after_prune_says_the_history_was_pruned(filled: str) -> None:
+    cli = Cli(filled)
+    _sql(filled, "UPDATE eventguard_responses SET finished_at = '2000-01-01 00:00:00.000000'")
+    assert cli("prune", "--older-than", "1d").exit_code == 0
+    shown = cli("responses", "show", "resp_done")
+    assert shown.exit_code == 0, shown.output
+    assert "pruned: only this summary row is kept" in shown.stdout
+    assert "transitions" not in shown.stdout and "no anomalies" not in shown.stdout
+
+
+def test_show_counts_the_events_stored_when_the_rows_count_lags(filled: str) -> None:
+    """Issue 14: ``events 3`` for a response in progress with 7 stored (the row counts at flushes)."""
+    _sql(filled, "UPDATE eventguard_responses SET event_count = 3 WHERE response_id = 'resp_done'")
+    shown = Cli(filled)("responses", "show", "resp_done")
+    assert shown.exit_code == 0, shown.output
+    stored = shown.stdout.split("events", 1)[1].split("\n", 1)[0].strip()
+    assert stored == "5 stored (the row says 3)", shown.stdout

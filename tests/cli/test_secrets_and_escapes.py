@@ -280,7 +280,7 @@ def test_a_driver_that_echoes_the_dsn(
     s = secret()
     url = URLS[case](s)
 
-    async def echoing_driver(resolved: Any) -> None:
+    async def echoing_driver(resolved: Any, schema: str | None = None) -> None:
         raw = resolved.render_as_string(hide_password=False)
         secret_value = resolved.password or resolved.query.get("password") or s
         logging.getLogger("asyncpg.connect").warning("\x1b[2Jconnecting to %s (%s)", raw, secret_value)

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import event
 
+from eventguard.errors import InvalidQueryError
 from eventguard.store import ResponseStore
 from eventguard.verify import Disagreement, VerifyReport, verify
+
+from .conftest import RUNS, STEP, record
 
 
 async def test_a_clean_store_verifies_with_no_disagreement(filled: str) -> None:
@@ -32,3 +38,41 @@ async def test_a_status_that_disagrees_is_reported_the_same_each_time(filled: st
     assert again == report
     with pytest.raises(dataclasses.FrozenInstanceError):
         report.checked = 0  # type: ignore[misc]
+
+
+async def test_verify_reads_a_page_of_responses_at_a_time_not_one_query_per_response(db_url: str) -> None:
+    """Issue 14: 43 of 45 s of a 10,000-response verify were one history query per response."""
+    runs = [(f"resp_{i:03d}", "completed" if i % 3 else "failed") for i in range(30)]
+    await asyncio.wait_for(record(db_url, runs), STEP)
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            statements.append(statement)
+
+    async with ResponseStore(db_url) as store:
+        event.listen(store._engine.sync_engine, "before_cursor_execute", seen)
+        checked: list[int] = []
+        report = await asyncio.wait_for(verify(store, batch=10, progress=checked.append), STEP)
+    assert report.ok and report.checked == 30
+    # three pages of ten (rows, events, transitions, anomalies each) and the empty page that ends it
+    # three pages of ten (rows, events, transitions, anomalies each), the empty page that ends them,
+    # and one (empty) page of the host's stored envelopes
+    assert len(statements) == 3 * 4 + 1 + 1, statements
+    assert checked == [10, 20, 30, 30]
+
+
+async def test_histories_are_each_responses_history_in_insertion_order(filled: str) -> None:
+    async with ResponseStore(filled) as store:
+        paged = [h async for h in store.histories(batch=2)]
+        one_by_one = [await store.history(rid) for rid, _ in RUNS]
+        assert await store.count() == len(RUNS)
+    assert [h.response.response_id for h in paged] == [rid for rid, _ in RUNS]
+    assert paged == one_by_one
+
+
+@pytest.mark.parametrize("batch", [0, 501, True, "10"])
+async def test_histories_refuses_a_page_size_it_cannot_read(filled: str, batch: Any) -> None:
+    async with ResponseStore(filled) as store:
+        with pytest.raises(InvalidQueryError, match="batch must be an integer from 1 to 500"):
+            [h async for h in store.histories(batch=batch)]

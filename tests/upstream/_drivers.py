@@ -17,12 +17,25 @@ from typing import Any
 
 import httpx
 from agent_framework_foundry_hosting import ResponsesHostServer
+from packaging.version import Version
 
 from eventguard.testing import TERMINAL_TYPES, Seen, seen, tap
 
 HOSTING_VERSION = metadata.version("agent-framework-foundry-hosting")
 RESPONSES_VERSION = metadata.version("azure-ai-agentserver-responses")
-OLD_RELEASE = HOSTING_VERSION == "1.0.0b260918"
+# Each behaviour that differs across the supported range is keyed on the package that owns it, at the
+# first release where `bash tests/run.sh releases` saw it (every release, with the versions of its date).
+#: agent-framework-foundry-hosting before 1.0.0b261002: its handler yields `response.completed` after a
+#: client cancel, and `completed` for a model stopped by length or content filter (from 1.0.0b261002:
+#: no terminal after a cancel, `incomplete` for those stops).
+OLD_RELEASE = Version(HOSTING_VERSION) < Version("1.0.0b261002")
+#: azure-ai-agentserver-responses owns resilient background runs. Before 2.3.0b2 its handle_shutdown()
+#: sets context.shutdown but not the task context's, so exit_for_recovery() fails the task (seen on
+#: 2.2.0b1): no ResponseExitForRecovery reaches the wrapper.
+EXITS_FOR_RECOVERY = Version(RESPONSES_VERSION) >= Version("2.3.0b2")
+#: ... and before 2.4.0b1 the next process lifetime never re-invokes the interrupted run (seen on
+#: 2.3.0b2 and 2.3.0, under hosting 1.0.0b261002 to 1.0.0b261022 alike: the responses package's doing).
+REINVOKES_RECOVERED_RUNS = Version(RESPONSES_VERSION) >= Version("2.4.0b1")
 
 ENDED_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
