@@ -30,6 +30,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError
 from typer.core import TyperGroup
 
+from eventguard._text import printable as printable  # the one escaper, re-exported for the commands
 from eventguard.errors import EventGuardError, SchemaMismatchError
 from eventguard.lifecycle import State
 from eventguard.sql import engine as _db
@@ -74,37 +75,6 @@ out = Console(highlight=False, soft_wrap=False, markup=False, emoji=False)
 if not out.is_terminal and "COLUMNS" not in os.environ:
     out.width = 160  # piped into a file or a pager: ids stay whole; a terminal's own width otherwise
 err = Console(stderr=True, highlight=False, markup=False, emoji=False)
-
-
-def printable(value: object) -> str:
-    """``value`` as text that is safe on a terminal: the one escaper every printer uses.
-
-    Every character Python's ``repr`` would escape is shown as its escape, so stored data (ids,
-    error text, event types, agent names, reasons) can neither drive the terminal nor hide: C0
-    controls (``\\n``, ``\\r``, ``\\t``, ``\\x1b`` ...), DEL, C1 controls, bidi overrides and
-    isolates (``\\u202e``, ``\\u2066``), other invisible format characters, line and
-    paragraph separators, non-ASCII spaces, private-use and unassigned code points, lone
-    surrogates (``\\udcff``). Everything else, backslashes included, is shown as it is.
-    """
-    text = value if isinstance(value, str) else str(value)
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
-
-
-_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
-
-
-def _escape(ch: str) -> str:
-    named = _NAMED.get(ch)
-    if named is not None:
-        return named
-    code = ord(ch)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    return f"\\U{code:08x}"
 
 
 def say(text: str) -> None:
