@@ -67,6 +67,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.pool import NullPool
 
+from eventguard import telemetry
 from eventguard.lifecycle import AnomalyKind
 from eventguard.sink import quarantine
 from eventguard.sink.batch import Batch
@@ -666,13 +667,15 @@ async def note_refused(conn: AsyncConnection, batch: Batch, reason: str, key: st
     found = await conn.execute(select(r.attempt).where(r.response_id == batch.response_id))
     if found.first() is None:
         return False
+    reason = f"{reason}; kept in the quarantine table"
+    telemetry.report_anomaly(batch.response_id, batch.attempt, AnomalyKind.SINK_REFUSED, reason)
     row = {
         "response_id": batch.response_id,
         "attempt": batch.attempt,
         "source": "sink",
         "idx": sink_idx(f"sink_refused:{key}"),
         "kind": AnomalyKind.SINK_REFUSED.value,
-        "reason": f"{reason}; kept in the quarantine table",
+        "reason": reason,
         "at": datetime.now(UTC),
         "event_type": None,
         "event_index": None,
@@ -684,6 +687,7 @@ async def note_refused(conn: AsyncConnection, batch: Batch, reason: str, key: st
 
 def _duplicate_anomaly(dup: Duplicate) -> dict[str, Any]:
     text = quarantine.text
+    telemetry.report_anomaly(dup.response_id, dup.attempt, AnomalyKind.DUPLICATE_STREAM, dup.reason)
     return {
         "response_id": dup.response_id,
         "attempt": dup.attempt,
@@ -701,6 +705,7 @@ def _duplicate_anomaly(dup: Duplicate) -> dict[str, Any]:
 
 
 def _refusal_anomaly(batch: Batch, refusal: Refusal, refused: list[dict[str, Any]]) -> dict[str, Any]:
+    telemetry.report_anomaly(batch.response_id, batch.attempt, AnomalyKind.SINK_REFUSED, refusal.reason)
     return {
         "response_id": batch.response_id,
         "attempt": batch.attempt,

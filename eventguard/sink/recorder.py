@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 from sqlalchemy import Column, String
 
+from eventguard import telemetry
 from eventguard.lifecycle import AnomalyKind, Lifecycle
 from eventguard.sink.batch import Batch
 from eventguard.sink.serialise import JSON_OPTIONS, NUL, encode
@@ -525,6 +526,8 @@ class SqlRecorder:
         seq: int | None,
         payload: PreSerialised | None = None,
     ) -> dict[str, Any]:
+        # Said when it is recorded, as the guard's anomalies are (eventguard.telemetry).
+        telemetry.report_anomaly(rid, attempt, AnomalyKind(kind), reason, etype)
         return {
             "response_id": rid,
             "attempt": attempt,
