@@ -87,21 +87,20 @@ def test_bad_arguments(filled: str, args: list[str], expected: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("argv", "expected"),
+    ("argv", "says", "where"),
     [
-        (["stats", "--bogus"], "eventguard: error: No such option: --bogus (see `eventguard stats --help`)"),
-        (
-            ["responses", "show"],
-            "eventguard: error: Missing argument 'RESPONSE_ID'. (see `eventguard responses show --help`)",
-        ),
-        (["nosuch"], "eventguard: error: No such command 'nosuch'. (see `eventguard --help`)"),
-        (["prune"], "eventguard: error: Missing option '--older-than'. (see `eventguard prune --help`)"),
+        (["stats", "--bogus"], "--bogus", "eventguard stats"),
+        (["responses", "show"], "response_id", "eventguard responses show"),
+        (["nosuch"], "nosuch", "eventguard"),
+        (["prune"], "--older-than", "eventguard prune"),
     ],
 )
-def test_a_usage_error_is_one_line_with_where_to_find_help(argv: list[str], expected: str) -> None:
-    """Issue 14: click's usage errors were three lines (usage, a hint, the error)."""
+def test_a_usage_error_is_one_line_with_where_to_find_help(argv: list[str], says: str, where: str) -> None:
+    """Issue 14: click's usage errors were three lines (usage, a hint, the error). click's own
+    wording differs between releases ('No such option: --bogus', "no such option '--bogus'")."""
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 2
-    # (the argument's metavar is upper case on some typer releases, lower on others)
-    assert [line.lower() for line in result.stderr.splitlines()] == [expected.lower()]
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("eventguard: error: ") and line.endswith(f"(see `{where} --help`)"), line
+    assert says in line.lower(), line
     assert result.stdout == ""
