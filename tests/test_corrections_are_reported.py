@@ -203,3 +203,22 @@ def test_a_failing_log_handler_never_breaks_the_lifecycle() -> None:
 def test_corrections_are_the_kinds_where_the_stream_said_something_untrue() -> None:
     assert {k for k in AnomalyKind if k.correction} == CORRECTIONS
     assert AnomalyKind.TERMINAL_REPLACED.correction and not AnomalyKind.SINK_REFUSED.correction
+
+
+async def test_the_sinks_own_anomalies_are_said_too(caplog: pytest.LogCaptureFixture, tmp_path: Any) -> None:
+    from eventguard import SqlSink
+
+    rid = "resp\x00with-nul"
+    sink = SqlSink(f"sqlite:///{tmp_path / 'eg.db'}", spool_path=tmp_path / "spool.jsonl")
+    with caplog.at_level(logging.INFO, logger="eventguard.anomaly"):
+        async with asyncio.timeout(30):
+            await sink.start()
+            async with guard(
+                Scripted(stream_events(1)), asyncio.Event(), context=host_context(response_id=rid), sink=sink
+            ) as stream:
+                async for _ in stream:
+                    pass
+            await sink.aclose()
+    escaped = [r for r in _lines(caplog) if "value_escaped" in r.getMessage()]
+    assert escaped, [r.getMessage() for r in _lines(caplog)]
+    assert all(r.levelno == logging.INFO and r.getMessage().isprintable() for r in escaped)
