@@ -184,13 +184,12 @@ async def test_a_dropped_guard_flushes_its_recorder_once() -> None:
 
 
 async def test_the_ending_of_a_dropped_guard_does_not_wait_for_cancel_grace() -> None:
-    # Recorded as soon as the collector finds the guard, well within cancel_grace (here an hour).
+    # Recorded as soon as the collector finds the guard, not after cancel_grace (here an hour):
+    # collect_until's own bound (BOUND seconds) is the check; no wall-clock figure is asserted,
+    # so a loaded machine cannot make it fail.
     inner = Inner(stream_events(5))
-    loop = asyncio.get_running_loop()
     lc, _ = await break_and_drop(inner, asyncio.Event(), context=host_context(), cancel_grace=3600.0, steps=1)
-    start = loop.time()
     await collect_until(lambda: lc.ended)
-    assert loop.time() - start < 1.0
     assert lc.cause is Cause.CLOSED_EARLY
 
 
