@@ -9,14 +9,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import sqlite3
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
+import aiosqlite
 import orjson
-from sqlalchemy import event
+from sqlalchemy import event, util
 from sqlalchemy.engine import URL, make_url
 
 # Private: these are the names the rest of eventguard (sink, store, cli, demo, migrations) uses.
@@ -34,9 +36,13 @@ __all__ = [
     "url_problem",
     "url_secrets",
 ]
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
+
+#: Awaits a coroutine from SQLAlchemy's sync code on an async engine (inside its greenlet):
+#: ``await_`` since SQLAlchemy 2.1, ``await_only`` before (the old name goes in 2.2).
+_await: Any = getattr(util, "await_", None) or util.await_only
 
 ENV_URL = "EVENTGUARD_DATABASE_URL"
 DEFAULT_SQLITE_FILE = "eventguard.db"
@@ -345,6 +351,8 @@ def create_engine(
         # sqlite3's own transaction handling is switched off below; a connection timeout
         # still matters for the initial open.
         kwargs["connect_args"] = {"timeout": busy_timeout_ms / 1000}
+        # The pool's own reset (a rollback) is done by _on_reset below, only when it is needed.
+        kwargs["pool_reset_on_return"] = None
         engine = create_async_engine(url, **kwargs)
         _install_sqlite_hooks(engine, busy_timeout_ms)
         return engine
@@ -475,9 +483,34 @@ def _install_sqlite_hooks(engine: AsyncEngine, busy_timeout_ms: int) -> None:
         finally:
             cursor.close()
 
+    @event.listens_for(engine.sync_engine, "reset")
+    def _on_reset(dbapi_connection: Any, record: Any, state: Any) -> None:
+        # The pool's rollback-on-return, skipped when SQLite says no transaction is open: after
+        # every commit (SQLAlchemy resets a connection returned from ``begin()`` all the same),
+        # that is one more hop to the driver's thread for nothing. Not from the garbage collector
+        # (``asyncio_safe`` False): no I/O there, as the pool's own reset does none.
+        if not state.asyncio_safe:
+            return
+        driver = record.driver_connection
+        if isinstance(driver, aiosqlite.Connection) and not driver.in_transaction:
+            return
+        dbapi_connection.rollback()
+
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
         mode = conn.get_execution_options().get(SQLITE_BEGIN_OPTION, "IMMEDIATE")
         if mode not in ("IMMEDIATE", "DEFERRED"):
             raise ValueError(f"unknown SQLite BEGIN mode {mode!r}")
-        conn.exec_driver_sql(f"BEGIN {mode}")
+        sql = f"BEGIN {mode}"
+        driver = conn.connection.driver_connection
+        if not isinstance(driver, aiosqlite.Connection):  # pragma: no cover - another driver
+            conn.exec_driver_sql(sql)
+            return
+        # Straight to aiosqlite: one hop to the driver's thread instead of three (SQLAlchemy's
+        # cursor: open, execute, close). Every transaction begins here, and under load each hop
+        # waits for the GIL and a turn of the event loop. Errors are wrapped as SQLAlchemy's
+        # (as exec_driver_sql would), so a locked database still reads as an outage.
+        try:
+            _await(driver.execute(sql))
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
