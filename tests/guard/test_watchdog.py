@@ -441,3 +441,41 @@ async def test_a_host_back_after_its_abandonment_finds_the_inner_stream_closed_i
     assert rest == []
     assert closes == 1
     assert g.lifecycle.state is State.CANCELLED
+
+
+async def test_a_stream_recorded_stuck_that_yields_later_and_blocks_on_close_lets_the_guard_end() -> None:
+    """An inner stream that swallowed the watchdog's cancel and waited again was recorded stuck; when it
+    yields at last, the guard ends its stream with the terminal that ending calls for and leaves the
+    close, which may be as slow as the stream was, to the background.
+
+    Origin: a mutant that survived the run over guard/referee.py (docs/mutation.md): ``own(...,
+    stuck=True)`` becoming ``False`` in ``record_stuck`` closed it in the call, and the guard hung."""
+    release = asyncio.Event()
+
+    async def inner() -> AsyncIterator[Any]:
+        yield CREATED
+        try:
+            while not release.is_set():
+                try:
+                    await release.wait()
+                except asyncio.CancelledError:
+                    continue  # swallows every cancel
+            yield {"type": "response.output_text.delta", "delta": "late"}
+        finally:
+            await asyncio.sleep(3600)  # a close that never returns
+
+    signal = asyncio.Event()
+    g = guard(inner(), signal, cancel_grace=GRACE)
+    async with asyncio.timeout(BOUND):
+        task = asyncio.create_task(collect(g))
+        await asyncio.sleep(0.01)
+        signal.set()
+        # The lifecycle has nothing to wait on: poll it (bounded by the timeout above).
+        while "stuck" not in [a.kind for a in g.lifecycle.anomalies]:  # noqa: ASYNC110
+            await asyncio.sleep(GRACE)
+        release.set()
+        out = await task
+    # No context: the signal is a client cancel, so the ending forwards no terminal of its own.
+    assert [e["type"] for e in out] == ["response.created"]
+    assert [a.kind for a in g.lifecycle.anomalies] == ["stuck", "event_after_terminal"]
+    assert (g.lifecycle.state, g.lifecycle.cause) == (State.CANCELLED, Cause.CLIENT_CANCEL)
