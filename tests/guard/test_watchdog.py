@@ -479,3 +479,30 @@ async def test_a_stream_recorded_stuck_that_yields_later_and_blocks_on_close_let
     assert [e["type"] for e in out] == ["response.created"]
     assert [a.kind for a in g.lifecycle.anomalies] == ["stuck", "event_after_terminal"]
     assert (g.lifecycle.state, g.lifecycle.cause) == (State.CANCELLED, Cause.CLIENT_CANCEL)
+
+
+async def test_a_cancel_swallowed_after_the_terminal_is_logged_and_the_terminal_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without a sink: the stuck ending is recorded after the stream's terminal (withheld under the
+    client cancel, which it ends with) and the swallowed cancel is logged.
+
+    Origin: a mutant that survived the run over guard/referee.py (docs/mutation.md): ``elif self.rec is
+    not None`` becoming ``is None`` in ``record_stuck`` called a missing recorder and killed the watchdog."""
+
+    async def swallower() -> Any:
+        for e in stream_events(1):
+            yield e
+        with contextlib.suppress(asyncio.CancelledError):
+            await block_ignoring_signal()
+        await asyncio.sleep(0.3)  # waits again, past the second grace
+
+    sig = asyncio.Event()
+    sig.set()
+    g = guard(swallower(), sig, cancel_grace=0.05)
+    with caplog.at_level("WARNING", logger="eventguard"):
+        out = await drain(g)
+    assert out == stream_events(1)[:-1]
+    assert any("and swallowed the cancel" in r.getMessage() for r in caplog.records)
+    assert [a.kind for a in g.lifecycle.anomalies].count("stuck") == 1
+    assert (g.lifecycle.state, g.lifecycle.cause) == (State.CANCELLED, Cause.CLIENT_CANCEL)
