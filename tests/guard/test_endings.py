@@ -238,3 +238,22 @@ async def test_the_guards_own_base_exception_ends_the_stream_as_its_error_not_a_
     assert (g.lifecycle.state, g.lifecycle.cause) == (State.FAILED, Cause.ERROR)
     assert g.lifecycle.error is not None and g.lifecycle.error.message == f"recorder gave up at event {at}"
     assert inner.closes == 1
+
+
+async def test_a_cancelled_terminal_is_recorded_the_moment_it_is_forwarded() -> None:
+    """A cancel is final as soon as it is seen (nothing later can change it), so the lifecycle ends
+    ``cancelled`` when the terminal is handed over, not when the inner stream ends; other terminals wait
+    for the stream's end, where a client cancel may still overrule them.
+
+    Origin: mutants that survived the run over guard/referee.py (docs/mutation.md): ``decision.state is
+    State.CANCELLED or lc.ended`` becoming ``<`` or ``and`` kept the cancel pending until the end."""
+    events = [*stream_events(1, final=None), terminal("cancelled")]
+    g = guard(Scripted(events), asyncio.Event())
+    states: dict[str, State] = {}
+    async with asyncio.timeout(5), g:
+        async for e in g:
+            states[e["type"]] = g.lifecycle.state
+    assert states["response.failed"] is State.CANCELLED
+    assert states["response.output_text.delta"] is State.IN_PROGRESS
+    assert [a.kind for a in g.lifecycle.anomalies] == ["cancel_without_client_cancel"]
+    assert g.lifecycle.state is State.CANCELLED
