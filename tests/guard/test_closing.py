@@ -181,3 +181,22 @@ async def test_closing_the_guard_finishes_the_iterator_it_handed_out() -> None:
         await anext(it)
         await g.aclose()
     assert it.ag_frame is None  # finished in that call, not left suspended for the garbage collector
+
+
+async def test_an_exception_thrown_in_at_a_hand_over_ends_the_stream_by_that_exception() -> None:
+    """An exception a consumer throws into the guard's iterator (``athrow``, as a combinator may) is not
+    the inner stream's ending and not a close: it goes through untouched, and the stream ends by it when
+    the ``async with`` body it leaves ends: an error, not a consumer that walked away.
+
+    Origin: a mutant that survived the run over guard/core.py (docs/mutation.md): ``exc.__class__ is
+    GeneratorExit and ...`` becoming ``or`` recorded ``closed_early`` at the throw."""
+    inner = Scripted(stream_events(3))
+    g = guard(inner, asyncio.Event())
+    async with asyncio.timeout(5):
+        with pytest.raises(ValueError, match="thrown in"):
+            async with g:
+                it = aiter(g)
+                await anext(it)
+                await it.athrow(ValueError("thrown in"))
+    assert (g.lifecycle.state, g.lifecycle.cause) == (State.FAILED, Cause.ERROR)
+    assert inner.closes == 1

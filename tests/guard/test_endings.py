@@ -194,3 +194,66 @@ async def test_queued_is_read_from_json_decoded_events_too() -> None:
     assert [t.to_state for t in g.lifecycle.transitions] == [State.QUEUED, State.IN_PROGRESS, State.COMPLETED]
     assert g.lifecycle.anomalies == []
     assert g.lifecycle.info.response_id == "resp_q"
+
+
+class RecorderGaveUp(BaseException):
+    """Not an ``Exception``: what a recorder's bug or a runtime limit may raise mid-event."""
+
+
+class RaisingRecorder:
+    """A sink whose recorder raises ``RecorderGaveUp`` on its ``at``-th event (an output delta)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def recorder(self, lifecycle: Any) -> RaisingRecorder:
+        return self
+
+    def event(self, index: int, event_type: str | None, event: object) -> None:
+        if index == self.at:
+            raise RecorderGaveUp(f"recorder gave up at event {index}")
+
+    def changed(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("at", [2, 3], ids=["first delta (slow path)", "second delta (hot path)"])
+async def test_the_guards_own_base_exception_ends_the_stream_as_its_error_not_a_recovery(at: int) -> None:
+    """A ``BaseException`` that is not the inner stream's (here its recorder's, while the guard works on an
+    event) is let through untouched and recorded as the guard's own error (``failed``, ``error``): only
+    the inner stream's ``BaseException`` (the host's ``ResponseExitForRecovery``) means a run that may be
+    recovered (``interrupted``).
+
+    Origin: mutants that survived the run over guard/core.py (docs/mutation.md): ``phase = 1`` becoming
+    0 and ``phase == 1`` becoming ``== 2`` or ``> 1`` sent such an exception down the inner stream's path."""
+    inner = Scripted(stream_events(3))
+    g = guard(inner, asyncio.Event(), sink=RaisingRecorder(at))
+    with pytest.raises(RecorderGaveUp):
+        async with asyncio.timeout(5):
+            async for _ in g:
+                pass
+    assert (g.lifecycle.state, g.lifecycle.cause) == (State.FAILED, Cause.ERROR)
+    assert g.lifecycle.error is not None and g.lifecycle.error.message == f"recorder gave up at event {at}"
+    assert inner.closes == 1
+
+
+async def test_a_cancelled_terminal_is_recorded_the_moment_it_is_forwarded() -> None:
+    """A cancel is final as soon as it is seen (nothing later can change it), so the lifecycle ends
+    ``cancelled`` when the terminal is handed over, not when the inner stream ends; other terminals wait
+    for the stream's end, where a client cancel may still overrule them.
+
+    Origin: mutants that survived the run over guard/referee.py (docs/mutation.md): ``decision.state is
+    State.CANCELLED or lc.ended`` becoming ``<`` or ``and`` kept the cancel pending until the end."""
+    events = [*stream_events(1, final=None), terminal("cancelled")]
+    g = guard(Scripted(events), asyncio.Event())
+    states: dict[str, State] = {}
+    async with asyncio.timeout(5), g:
+        async for e in g:
+            states[e["type"]] = g.lifecycle.state
+    assert states["response.failed"] is State.CANCELLED
+    assert states["response.output_text.delta"] is State.IN_PROGRESS
+    assert [a.kind for a in g.lifecycle.anomalies] == ["cancel_without_client_cancel"]
+    assert g.lifecycle.state is State.CANCELLED

@@ -12,10 +12,7 @@ import pytest
 
 from eventguard import guard
 from eventguard.guard.referee import Referee
-from eventguard.testing.streams import (
-    Scripted,
-    stream_events,
-)
+from eventguard.testing.streams import Scripted, stream_events, terminal
 
 from .helpers import (
     drain,
@@ -71,3 +68,32 @@ async def test_the_slow_path_runs_once_per_output_type_then_the_hot_path_takes_o
         "response.output_text.delta",
         "response.completed",
     ]
+
+
+async def test_an_event_type_that_is_a_str_subclass_never_joins_the_hot_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only plain ``str`` types join the hot path's set: a ``str`` subclass (other than a string enum,
+    which is read as its value) can hash and compare as it likes, so every such event is looked at on the
+    slow path, and forwarded as it is.
+
+    Origin: a mutant that survived the run over guard/referee.py (docs/mutation.md): ``type(etype) is
+    str and not self.slow`` becoming ``or`` took a ``str`` subclass onto the hot path."""
+
+    class Tag(str):
+        """An event type wrapped in a ``str`` subclass, as a typed client may hand it out."""
+
+    delta = Tag("response.output_text.delta")
+    seen: list[Any] = []
+    slow = Referee.event
+
+    def counting(self: Referee, e: Any) -> Any:
+        seen.append(e["type"])
+        return slow(self, e)
+
+    monkeypatch.setattr(Referee, "event", counting)
+    events = [*stream_events(0, final=None), *({"type": delta, "delta": f"d{i}"} for i in range(3))]
+    events.append(terminal())
+    out = await drain(guard(Scripted(events), asyncio.Event()))
+    assert out == events
+    assert [t for t in seen if type(t) is Tag] == [delta] * 3

@@ -114,3 +114,27 @@ async def test_a_guard_with_a_sink_built_in_the_coroutine_that_iterates_it_works
         out = [e async for e in g]
     assert out[-1]["type"] == "response.completed"
     assert sink.loops == [asyncio.get_running_loop()] and sink.closes == 1
+
+
+def test_a_guard_with_a_sink_and_no_watchdog_iterated_in_another_loop_is_a_typed_error() -> None:
+    """``cancel_grace=None`` turns off the watchdog, not the loop check: the recorder still belongs to the
+    loop the guard was built in.
+
+    Origin: a mutant that survived the run over guard/core.py (docs/mutation.md): ``self._rec is not
+    None`` becoming ``is None`` in the check before the first step let such a guard run."""
+    sink = LoopBoundSink()
+    inner = Scripted(stream_events(1))
+
+    async def build() -> Any:
+        return guard(inner, asyncio.Event(), sink=sink, cancel_grace=None)
+
+    async def iterate(g: Any) -> list[Any]:
+        async with asyncio.timeout(5):
+            return [e async for e in g]
+
+    g = asyncio.run(build())
+    with pytest.raises(GuardOutsideLoop) as info:
+        asyncio.run(iterate(g))
+    assert_explained(info.value)
+    assert "another event loop" in str(info.value)
+    assert inner.produced == []

@@ -395,3 +395,114 @@ async def test_the_ending_after_a_forwarded_terminal_stands_when_the_host_then_p
     assert (g.lifecycle.state, g.lifecycle.cause) == (state, cause)
     assert "abandoned" not in [a.kind for a in g.lifecycle.anomalies]
     assert g.inner_closed == 1
+
+
+async def test_a_stream_that_swallows_the_stuck_cancel_and_yields_is_not_pulled_again() -> None:
+    """The event it yields instead of honouring the cancel ends the guard's stream there: it is kept as
+    the one ``stuck`` anomaly, the terminal the stuck ending calls for is forwarded, and nothing more is
+    asked of the inner stream (closed in the background).
+
+    Origin: a mutant that survived the run over guard/referee.py (docs/mutation.md): ``self.stage is
+    Stage.OPEN`` becoming ``!=`` in ``_synthesise`` kept pulling it after the synthesised terminal."""
+    signal, ctx = asyncio.Event(), host_context()
+    g = guard(stuck_inner("swallows it and yields"), signal, context=ctx, cancel_grace=GRACE)
+    async with asyncio.timeout(BOUND):
+        task = asyncio.create_task(collect(g))
+        await asyncio.sleep(0.01)
+        signal.set()
+        out = await task
+    assert [e["type"] for e in out] == ["response.created", "response.failed"]
+    kept = [(a.kind, a.event_type) for a in g.lifecycle.anomalies]
+    assert kept == [("stuck", "response.output_text.delta")]
+    assert (g.lifecycle.state, g.lifecycle.cause) == (State.FAILED, Cause.STUCK)
+
+
+async def test_a_host_back_after_its_abandonment_finds_the_inner_stream_closed_in_that_call() -> None:
+    """A host that stopped iterating and came back is not a stuck inner stream: when the guard ends its
+    stream there, it closes the inner stream in the same call (only a stuck one is left to close in the
+    background), so the inner stream's resources are released before the guard's stream ends.
+
+    Origin: mutants that survived the run over guard/referee.py (docs/mutation.md): ``own(...,
+    stuck=False)`` becoming ``True`` for an abandonment, and ``is Stage.OWN_ENDING_STUCK`` becoming
+    ``is not``, left that close to a background task."""
+    ctx = host_context(background=False)
+    sig = asyncio.Event()
+    inner = Scripted(stream_events(3, final=None))
+    g = guard(inner, sig, context=ctx, cancel_grace=0.05)
+    async with asyncio.timeout(5):
+        it = aiter(g)
+        await anext(it)
+        ctx.client_cancelled = True
+        sig.set()
+        await asyncio.sleep(0.3)
+        assert [a.kind for a in g.lifecycle.anomalies] == ["abandoned"]
+        rest = [e async for e in it]
+        closes = inner.closes  # read before anything else runs: no background task had a turn
+    assert rest == []
+    assert closes == 1
+    assert g.lifecycle.state is State.CANCELLED
+
+
+async def test_a_stream_recorded_stuck_that_yields_later_and_blocks_on_close_lets_the_guard_end() -> None:
+    """An inner stream that swallowed the watchdog's cancel and waited again was recorded stuck; when it
+    yields at last, the guard ends its stream with the terminal that ending calls for and leaves the
+    close, which may be as slow as the stream was, to the background.
+
+    Origin: a mutant that survived the run over guard/referee.py (docs/mutation.md): ``own(...,
+    stuck=True)`` becoming ``False`` in ``record_stuck`` closed it in the call, and the guard hung."""
+    release = asyncio.Event()
+
+    async def inner() -> AsyncIterator[Any]:
+        yield CREATED
+        try:
+            while not release.is_set():
+                try:
+                    await release.wait()
+                except asyncio.CancelledError:
+                    continue  # swallows every cancel
+            yield {"type": "response.output_text.delta", "delta": "late"}
+        finally:
+            await asyncio.sleep(3600)  # a close that never returns
+
+    signal = asyncio.Event()
+    g = guard(inner(), signal, cancel_grace=GRACE)
+    async with asyncio.timeout(BOUND):
+        task = asyncio.create_task(collect(g))
+        await asyncio.sleep(0.01)
+        signal.set()
+        # The lifecycle has nothing to wait on: poll it (bounded by the timeout above).
+        while "stuck" not in [a.kind for a in g.lifecycle.anomalies]:  # noqa: ASYNC110
+            await asyncio.sleep(GRACE)
+        release.set()
+        out = await task
+    # No context: the signal is a client cancel, so the ending forwards no terminal of its own.
+    assert [e["type"] for e in out] == ["response.created"]
+    assert [a.kind for a in g.lifecycle.anomalies] == ["stuck", "event_after_terminal"]
+    assert (g.lifecycle.state, g.lifecycle.cause) == (State.CANCELLED, Cause.CLIENT_CANCEL)
+
+
+async def test_a_cancel_swallowed_after_the_terminal_is_logged_and_the_terminal_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without a sink: the stuck ending is recorded after the stream's terminal (withheld under the
+    client cancel, which it ends with) and the swallowed cancel is logged.
+
+    Origin: a mutant that survived the run over guard/referee.py (docs/mutation.md): ``elif self.rec is
+    not None`` becoming ``is None`` in ``record_stuck`` called a missing recorder and killed the watchdog."""
+
+    async def swallower() -> Any:
+        for e in stream_events(1):
+            yield e
+        with contextlib.suppress(asyncio.CancelledError):
+            await block_ignoring_signal()
+        await asyncio.sleep(0.3)  # waits again, past the second grace
+
+    sig = asyncio.Event()
+    sig.set()
+    g = guard(swallower(), sig, cancel_grace=0.05)
+    with caplog.at_level("WARNING", logger="eventguard"):
+        out = await drain(g)
+    assert out == stream_events(1)[:-1]
+    assert any("and swallowed the cancel" in r.getMessage() for r in caplog.records)
+    assert [a.kind for a in g.lifecycle.anomalies].count("stuck") == 1
+    assert (g.lifecycle.state, g.lifecycle.cause) == (State.CANCELLED, Cause.CLIENT_CANCEL)
