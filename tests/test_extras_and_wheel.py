@@ -19,8 +19,9 @@ from eventguard.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: What each extra installs, by import name: none of it may be needed to import eventguard.
-EXTRA_MODULES = ("typer", "click", "rich", "shellingham", "uvicorn", "openai", "asyncpg", "httpx")
+#: What each extra installs, by import name: none of it may be needed to import eventguard. Not httpx:
+#: the host itself requires it (the oldest host imports it through mcp when eventguard.foundry loads).
+EXTRA_MODULES = ("typer", "click", "rich", "shellingham", "uvicorn", "openai", "asyncpg")
 
 #: Prepended to a child's script: every extra's module is "not installed" (``None`` in ``sys.modules``
 #: makes ``import`` raise ``ModuleNotFoundError``, as a missing package does).
