@@ -189,3 +189,30 @@ def test_flags_built_by_the_new_names_do_not_warn() -> None:
         False,
         True,
     )
+
+
+def test_decide_without_options_is_decide_with_the_default_options() -> None:
+    """Mutation run 2026-12-01 (decision.py): ``decide()`` with no options read ``keep=True`` or
+    ``recoverable=True`` and no row said otherwise."""
+    for ending in Ending:
+        for bits in range(16):
+            flags = Flags(bool(bits & 1), bool(bits & 2), bool(bits & 4), bool(bits & 8))
+            assert decide(ending, flags) == decide(ending, flags, GuardOptions()), (ending, flags)
+    # The two options that default off change at least one row each, so the check above can fail.
+    shutdown = Flags(signal=True, shutdown=True)
+    assert decide(Ending.COMPLETED, shutdown) != decide(
+        Ending.COMPLETED, shutdown, GuardOptions(keep_shutdown_completion=True)
+    )
+    exiting = Flags(process_shutdown=True)
+    assert decide(Ending.NO_TERMINAL, exiting) != decide(
+        Ending.NO_TERMINAL, exiting, GuardOptions(recoverable=True)
+    )
+
+
+def test_the_deprecation_warnings_point_at_the_callers_line() -> None:
+    """Mutation run 2026-12-01 (decision.py): ``stacklevel=2`` becoming 1 or 3 survived."""
+    with pytest.warns(DeprecationWarning) as built:
+        flags = Flags(process_exiting=True)
+    with pytest.warns(DeprecationWarning) as read:
+        assert flags.process_exiting is True
+    assert [w.filename for w in (*built, *read)] == [__file__, __file__]
