@@ -211,8 +211,8 @@ def test_decide_without_options_is_decide_with_the_default_options() -> None:
 
 def test_the_deprecation_warnings_point_at_the_callers_line() -> None:
     """Mutation run 2026-12-01 (decision.py): ``stacklevel=2`` becoming 1 or 3 survived."""
-    with pytest.warns(DeprecationWarning) as built:
+    with pytest.warns(DeprecationWarning, match="process_shutdown") as built:
         flags = Flags(process_exiting=True)
-    with pytest.warns(DeprecationWarning) as read:
+    with pytest.warns(DeprecationWarning, match="process_shutdown") as read:
         assert flags.process_exiting is True
     assert [w.filename for w in (*built, *read)] == [__file__, __file__]
