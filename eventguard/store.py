@@ -124,6 +124,47 @@ class ResponseStore:
         query = _time_window(query, r.finished_at, since, until)
         return await self._page(query, r.pk, limit, after, ResponseRecord)
 
+    async def recent(
+        self,
+        *,
+        status: str | Iterable[str] | None = None,
+        since: datetime | None = None,
+        limit: int = 100,
+        before: int | None = None,
+    ) -> list[ResponseRecord]:
+        """Responses of every status, those still in progress included, newest first.
+
+        What ``eventguard responses list`` prints. For ended responses only, oldest first, with a
+        page cursor, see :meth:`terminal_states`.
+
+        Args:
+            status: only these statuses (a :class:`eventguard.State` value or several); default all.
+            since: only responses active since then: ended at or after it (``finished_at``), or, for
+                one not ended, last written at or after it (``updated_at``). A naive time is UTC.
+            limit: at most this many, 1 to 10,000.
+            before: a row key (:attr:`ResponseRecord.pk <eventguard.records.ResponseRecord.pk>`): only
+                responses stored before that one. For the next page, pass the last record's ``pk``;
+                responses that start meanwhile are newer and never shift the pages.
+
+        Raises:
+            InvalidQueryError: an unknown status, a limit out of range, a ``since`` that is not a
+                datetime, a ``before`` that is not a row key.
+        """
+        r = responses.c
+        query = select(responses)
+        if status is not None:
+            query = query.where(r.status.in_(_statuses(status, allowed=STATES)))
+        if since is not None:
+            query = query.where(func.coalesce(r.finished_at, r.updated_at) >= _utc(since, "since"))
+        if before is not None:
+            if isinstance(before, bool) or not isinstance(before, int) or before < 0:
+                raise InvalidQueryError(f"before must be a row key (a record's pk), not {before!r}")
+            query = query.where(r.pk < before)
+        query = query.order_by(r.pk.desc()).limit(_limit(limit))
+        async with self._reader.begin() as conn:
+            rows = (await conn.execute(query)).all()
+        return [ResponseRecord.model_validate(row) for row in rows]
+
     async def anomalies(
         self,
         *,
