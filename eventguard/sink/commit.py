@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -82,8 +83,11 @@ class Committer:
         # A replayed batch's recorder (if it still runs) is not renumbered by it: its own next
         # batch is, when it is written.
         renumbered = None if replay else self._renumbered
+        started = time.perf_counter()  # for stats.on_write: the write-duration metric
         async with asyncio.timeout(self._config.write_timeout), self._engine().begin() as conn:
             written = await write(conn, batches, rows=rows, replay=replay, renumbered=renumbered)
+        if self._stats.on_write is not None:
+            self._stats.on_write(time.perf_counter() - started)
         if rows:
             self._stats.batches_written += len(batches) - len(written.duplicates)
         self._stats.events_written += written.events
