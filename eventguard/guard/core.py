@@ -359,7 +359,7 @@ class _Core:
 
     def _on_second_grace(self) -> None:
         if self._phase is not Phase.FINISHED:
-            self._watchdog.on_second_grace(self._gen(), self._ref)
+            self._watchdog.on_second_grace(self._ref)
 
 
 class Guard:
