@@ -32,7 +32,7 @@ import gc
 import logging
 import sys
 import weakref
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from enum import Enum
 from types import AsyncGeneratorType, CoroutineType, GeneratorType
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -187,6 +187,21 @@ class Watchdog:
             "without it, the consumer stays blocked until the inner stream returns"
         )
         log.warning("eventguard: %s", STUCK_MESSAGE + " and swallowed the cancel")
+
+    def off_the_hot_path(self, referee: Referee) -> Callable[[Any], Any]:
+        """What the guard does with an event off the hot path: what to forward (or DROP)."""
+        event = referee.event
+        swallowed = referee.swallowed_cancel
+
+        def slow(e: Any) -> Any:
+            if self.cancel is StuckCancel.SENT:
+                # The inner stream swallowed our cancel and produced an event: give its task back the
+                # cancel count it had (our books); the referee decides what the event means.
+                self.give_back()
+                return swallowed(e)
+            return event(e)
+
+        return slow
 
     def give_back(self) -> None:
         """The inner stream swallowed our cancel: give its task back the cancel count it had."""
