@@ -194,7 +194,7 @@ class Watchdog:
         swallowed = referee.swallowed_cancel
 
         def slow(e: Any) -> Any:
-            if self.cancel is StuckCancel.SENT:
+            if self.cancel_pending:
                 # The inner stream swallowed our cancel and produced an event: give its task back the
                 # cancel count it had (our books); the referee decides what the event means.
                 self.give_back()
