@@ -67,10 +67,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.pool import NullPool
 
-from eventguard import telemetry
 from eventguard.lifecycle import AnomalyKind
 from eventguard.sink import quarantine
-from eventguard.sink.batch import Batch
+from eventguard.sink.batch import Batch, sink_anomaly
 from eventguard.sink.serialise import encode_value
 from eventguard.sql.classify import reason
 from eventguard.sql.engine import PreSerialised
@@ -669,56 +668,39 @@ async def note_refused(conn: AsyncConnection, batch: Batch, reason: str, key: st
     if found.first() is None:
         return False
     reason = f"{reason}; kept in the quarantine table"
-    telemetry.report_anomaly(batch.response_id, batch.attempt, AnomalyKind.SINK_REFUSED, reason)
-    row = {
-        "response_id": batch.response_id,
-        "attempt": batch.attempt,
-        "source": "sink",
-        "idx": sink_idx(f"sink_refused:{key}"),
-        "kind": AnomalyKind.SINK_REFUSED.value,
-        "reason": reason,
-        "at": datetime.now(UTC),
-        "event_type": None,
-        "event_index": None,
-        "payload": None,
-    }
+    idx = sink_idx(f"sink_refused:{key}")
+    row = sink_anomaly(
+        batch.response_id, batch.attempt, AnomalyKind.SINK_REFUSED, reason, idx, datetime.now(UTC)
+    )
     await _insert(conn, anomalies, _dict_rows(conn.dialect, anomalies, [row]))
     return True
 
 
 def _duplicate_anomaly(dup: Duplicate) -> dict[str, Any]:
     text = quarantine.text
-    telemetry.report_anomaly(dup.response_id, dup.attempt, AnomalyKind.DUPLICATE_STREAM, dup.reason)
-    return {
-        "response_id": dup.response_id,
-        "attempt": dup.attempt,
-        "source": "sink",
-        "idx": sink_idx(f"duplicate_stream:{dup.stream_id}"),
-        "kind": AnomalyKind.DUPLICATE_STREAM.value,
-        "reason": text(dup.reason),
-        "at": datetime.now(UTC),
-        "event_type": None,
-        "event_index": None,
-        "payload": PreSerialised(
+    return sink_anomaly(
+        dup.response_id,
+        dup.attempt,
+        AnomalyKind.DUPLICATE_STREAM,
+        text(dup.reason),
+        sink_idx(f"duplicate_stream:{dup.stream_id}"),
+        datetime.now(UTC),
+        payload=PreSerialised(
             orjson.dumps({"stream_id": text(dup.stream_id), "owner_stream": text(dup.holder_stream)}).decode()
         ),
-    }
+    )
 
 
 def _refusal_anomaly(batch: Batch, refusal: Refusal, refused: list[dict[str, Any]]) -> dict[str, Any]:
-    telemetry.report_anomaly(batch.response_id, batch.attempt, AnomalyKind.SINK_REFUSED, refusal.reason)
-    return {
-        "response_id": batch.response_id,
-        "attempt": batch.attempt,
-        "source": "sink",
-        "idx": batch.refusal_idx,
-        "kind": AnomalyKind.SINK_REFUSED.value,
-        "reason": refusal.reason,
-        "at": datetime.now(UTC),
-        "event_type": None,
-        "event_index": None,
-        "payload": encode_value(refused) if refused else None,
-    }
+    return sink_anomaly(
+        batch.response_id,
+        batch.attempt,
+        AnomalyKind.SINK_REFUSED,
+        refusal.reason,
+        batch.refusal_idx,
+        datetime.now(UTC),
+        payload=encode_value(refused) if refused else None,
+    )
 
 
 # -- what applying came to, across writes ------------------------------------------------------------
