@@ -150,19 +150,19 @@ class GuardedResponses:
         #: Set once the process begins shutting down (cleared when the app starts). The host tells
         #: foreground responses through their context but never background ones; a background run the
         #: exit then cancels was stopped by shutdown, not by a client.
-        self._eventguard_exiting = _Flag()
+        self._eventguard_process_shutdown = _Flag()
         super().__init__(*args, **kwargs)
         # SIGTERM under ``server.run()``: the host's pre-shutdown callbacks run first of all.
         register = getattr(self, "register_pre_shutdown_callback", None)
         if callable(register):
-            register(self._eventguard_exiting.set)
+            register(self._eventguard_process_shutdown.set)
         # Any ASGI server: the lifespan's shutdown, before the host's own shutdown code and before the
         # event loop cancels what still runs. Wrapping the lifespan itself (not the host's shutdown
         # handler) holds whatever handler is registered later and whatever the graceful timeout is.
         router = getattr(self, "router", None)
         lifespan = getattr(router, "lifespan_context", None)
         if lifespan is not None:
-            wrapped = _noting_shutdown(lifespan, self._eventguard_exiting)
+            wrapped = _noting_shutdown(lifespan, self._eventguard_process_shutdown)
             if self.eventguard_storage is not None:
                 wrapped = _owning(wrapped, self.eventguard_storage)
             router.lifespan_context = wrapped  # type: ignore[union-attr]
@@ -177,7 +177,7 @@ class GuardedResponses:
 
     def request_shutdown(self) -> None:
         """The host's ``request_shutdown()`` (call it from your own SIGTERM handler), noted by the guards."""
-        self._eventguard_exiting.set()
+        self._eventguard_process_shutdown.set()
         parent = getattr(super(), "request_shutdown", None)
         if callable(parent):
             parent()
@@ -208,7 +208,7 @@ class GuardedResponses:
             context=context,
             sink=self._eventguard_sink,
             info=info,
-            process_shutdown=self._eventguard_exiting,
+            process_shutdown=self._eventguard_process_shutdown,
         )
         self._eventguard_remember(info.response_id, g)
         if self._eventguard_on_guard is not None:

@@ -184,9 +184,9 @@ anomalies = Table(
     Index(None, "at"),
 )
 
-#: What the sink could not store, with why: the database refused it (``write``), a spool record
+#: What the sink could not store, with why: the database refused it (``write``), a spool entry
 #: could not be read (``spool``), or a second stream carried a response id and attempt another
-#: stream owns (``duplicate``). ``record`` is the refused content as ASCII JSON text, so it is
+#: stream holds (``duplicate``). ``record`` is the refused content as ASCII JSON text, so it is
 #: always storable (a NUL or a lone surrogate is an escape there); ``response_id`` is as given,
 #: made storable the same way. No index on it: an id of any length must go in.
 QUARANTINE_ORIGINS = ("write", "spool", "duplicate")

@@ -23,19 +23,17 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import asyncpg  # type: ignore[import-untyped]
 import httpx
 import openai
 import pytest
 
 from eventguard import ResponseStore
 from eventguard.testing import wait_until
+from tests._postgres import PG_URL, fresh_schema
 
 pytestmark = [pytest.mark.upstream]
 
 ROOT = Path(__file__).resolve().parents[2]
-PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
-PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 STEP = 30.0
 #: The host recovers resilient runs on 2.4.0b1; on 2.2.0b1 exit_for_recovery fails the task instead
 #: (see tests/upstream/test_host_rows.py), so there is no recovery to observe there.
@@ -53,19 +51,8 @@ async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
     if request.param == "sqlite":
         yield Database(f"sqlite:///{tmp_path / 'e2e.db'}", None)
         return
-    try:
-        async with asyncio.timeout(5):
-            conn = await asyncpg.connect(PG_DSN)
-    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-        pytest.skip(f"no PostgreSQL server reachable at {PG_DSN}: {type(exc).__name__}: {exc}")
-    schema = f"eg_pe2e_{uuid.uuid4().hex[:12]}"
-    await conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
+    async with fresh_schema("eg_pe2e") as schema:
         yield Database(PG_URL, schema)
-    finally:
-        async with asyncio.timeout(30):
-            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
-            await conn.close()
 
 
 def _free_port() -> int:
