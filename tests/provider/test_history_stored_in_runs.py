@@ -16,7 +16,7 @@ from eventguard.provider import SqlResponseProvider
 from eventguard.sql import migrate
 from eventguard.sql.tables import provider_history, provider_responses
 
-from .conftest import Store
+from .conftest import OLD_MEMORY, Store
 from .test_parity_with_the_hosts_store import envelope, item, out
 
 T = 120
@@ -26,11 +26,31 @@ T = 120
 HOSTILE = ["nul\x00id", "lone\ud800high", "lone\udfffl\x01ow", "~looks-encoded", '~"x"', "é" * 300]
 
 
+class Reference(InMemoryResponseProvider):
+    """The host's in-memory store. 2.2.0b1's returns nothing for ``-1`` and does not de-duplicate;
+    the SQL store keeps 2.4.0b1's rules on both ends (see ``conftest.newest_rules``), so on 2.2.0b1
+    the reference's whole answer is read and 2.4.0b1's rules applied to it."""
+
+    async def get_history_item_ids(
+        self, previous_response_id: str | None, conversation_id: str | None, limit: int, **kw: Any
+    ) -> list[str]:
+        if not OLD_MEMORY:
+            return list(
+                await super().get_history_item_ids(previous_response_id, conversation_id, limit, **kw)
+            )
+        ids = list(
+            dict.fromkeys(
+                await super().get_history_item_ids(previous_response_id, conversation_id, 10**9, **kw)
+            )
+        )
+        return ids if limit == -1 else ([] if limit <= 0 else ids[-limit:])
+
+
 class Both:
     """One chat driven on the reference and on the SQL store alike."""
 
     def __init__(self, sql: SqlResponseProvider) -> None:
-        self.stores: list[Any] = [InMemoryResponseProvider(), sql]
+        self.stores: list[Any] = [Reference(), sql]
 
     async def turn(
         self, rid: str, previous: str | None, inputs: list[str], outputs: list[str], *, limit: int = -1
@@ -73,7 +93,7 @@ async def test_a_thousand_turn_chain_reads_as_the_hosts_store_reads_it_from_one_
     """The host builds each turn's history with ``get_history_item_ids`` of the turn before: here the
     reference builds it and both stores are created with it (the SQL store's own answer is checked
     every 100 turns and at the end, which keeps the case to seconds)."""
-    memory, sql = InMemoryResponseProvider(), sql_store.provider
+    memory, sql = Reference(), sql_store.provider
     turns = 1000
     async with asyncio.timeout(300):
         previous: str | None = None
@@ -82,7 +102,8 @@ async def test_a_thousand_turn_chain_reads_as_the_hosts_store_reads_it_from_one_
             history = await memory.get_history_item_ids(previous, None, -1) if previous else None
             if previous is not None and n % 100 == 0:
                 assert await sql.get_history_item_ids(previous, None, -1) == history
-            for p in (memory, sql):
+            stores: tuple[Any, ...] = (memory, sql)
+            for p in stores:
                 await p.create_response(envelope(rid), [item(f"u{n}")], history)
                 await p.update_response(envelope(rid, status="completed", output=[out(f"a{n}")]))
             previous = rid

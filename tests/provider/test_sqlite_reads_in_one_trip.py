@@ -25,7 +25,7 @@ from .test_parity_with_the_hosts_store import envelope, item
 def trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The name of every function aiosqlite runs in its thread while inside."""
     seen: list[str] = []
-    real = aiosqlite.Connection._execute
+    real: Any = aiosqlite.Connection._execute
 
     async def counted(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
         seen.append(fn.func.__name__ if isinstance(fn, partial) else getattr(fn, "__name__", repr(fn)))
