@@ -289,6 +289,13 @@ provider_links = Table(
 #: History item ids as a shared, content-addressed list: a node is (its parent, one id), keyed by
 #: the SHA-256 of the whole list up to it, so two responses whose histories share a prefix share
 #: its nodes, and turn n of a chain adds only the ids turn n-1 added (O(n) rows, not O(n^2)).
+#:
+#: Nodes are grouped in runs (migration 0004): a run is a stretch of nodes each the child of the
+#: one before, named by its first node, whose ``parent`` is where the run branches off another.
+#: A child joins its parent's run while the parent is the run's last node; a second child of one
+#: node (a branch) starts a run of its own. So a history is read by ranges, ``(run, depth <= d)``
+#: for the run it ends in and each run it branched from, not node by node: a 1,000-turn chain is
+#: one run, one index range.
 provider_history = Table(
     f"{PREFIX}provider_history",
     metadata,
@@ -296,6 +303,12 @@ provider_history = Table(
     Column("parent", KEY),
     Column("depth", Integer, nullable=False),
     Column("item_id", Text, nullable=False),
+    # The run's first node (see above): one node per (run, depth).
+    Column("run", KEY, nullable=False),
+    # The SHA-256 of the exact id (as provider_items.item_key): what retention asks in SQL.
+    Column("item_key", KEY, nullable=False),
+    Index(None, "run", "depth", unique=True),
+    Index(None, "item_key"),
 )
 
 provider_conversations = Table(
