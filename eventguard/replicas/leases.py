@@ -57,11 +57,12 @@ async def claim(
 ) -> int | None:
     """Take the lease of a response id; its fencing token, or None when another holds it.
 
-    Fresh id: the lease is ours (token 1). Already ours and running: kept (same token). A deleted
-    response: taken again (token + 1). With ``takeover`` (a run the host recovers), an expired or
-    interrupted lease is taken too (token + 1). Anything else (a live owner; a stored response) is
-    refused. Without ``takeover`` a live envelope in the response store with no lease (stored before
-    leases existed) refuses the id as well.
+    Fresh id: the lease is ours (token 1). A deleted response: taken again (token + 1). With
+    ``takeover`` (the host starting a run here: a recovered one takes over) a lease already ours is
+    kept (same token) and an expired or interrupted one is taken (token + 1). Anything else (a
+    second POST of the id, on any replica; a live owner; a stored response) is refused. Without
+    ``takeover`` a live envelope in the response store with no lease (stored before leases
+    existed) refuses the id as well.
     """
     now = _now(conn)
     values = {
@@ -75,9 +76,11 @@ async def claim(
     }
     ins = _insert(conn)
     ours = and_(L.state == "running", L.owner == ins.excluded.owner)
-    allowed = or_(L.state == "deleted", ours)
+    allowed: ColumnElement[bool] = L.state == "deleted"
     if takeover:
-        allowed = or_(allowed, L.state == "interrupted", and_(L.state == "running", L.lease_expires < now))
+        allowed = or_(
+            allowed, ours, L.state == "interrupted", and_(L.state == "running", L.lease_expires < now)
+        )
     stmt = ins.values(**values).on_conflict_do_update(
         index_elements=[L.partition, L.response_key],
         set_={

@@ -1,0 +1,140 @@
+"""Load run of several replicas (a documented command, not CI): issue 16's figures.
+
+    PYTHONPATH=$PWD python -m tests.reliability.replicas [--responses 500] [--replicas 3]
+
+Three replica processes (``tests/upstream/_replica_child.py``) on one PostgreSQL database (a fresh
+schema of ``h_r16``); ``--responses`` background responses posted to replicas at random; a tenth are
+``hang`` runs cancelled through a *different* replica than the one running them; a third of the
+GETs go to a different replica. Then every response must have ended (none ``in_progress``), every
+replica's ``GET`` must equal the stored status, and every event the guards counted must be stored.
+Prints one JSON line of figures; exits 1 when any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import asyncpg  # type: ignore[import-untyped]
+import httpx
+from azure.ai.agentserver.responses._id_generator import IdGenerator
+
+from tests.upstream.test_provider_e2e import Database, lifetime
+
+DSN = "postgresql://postgres@127.0.0.1:5432/h_r16"
+URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/h_r16"
+
+
+async def run(n: int, replicas: int, lease: float) -> dict[str, Any]:
+    conn = await asyncpg.connect(DSN)
+    schema = f"eg_load_{uuid.uuid4().hex[:10]}"
+    await conn.execute(f'CREATE SCHEMA "{schema}"')
+    await conn.execute(f'SET search_path TO "{schema}"')
+    db = Database(URL, schema)
+    rng = random.Random(16)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            async with AsyncExitStack() as stack:
+                servers = []
+                for i in range(replicas):
+                    state = Path(tmp) / f"r{i}"
+                    state.mkdir()
+                    module = "tests.upstream._replica_child"
+                    child = lifetime(db, state, "uvicorn", "chat", module=module, args=(str(lease),))
+                    servers.append(await stack.enter_async_context(child))
+                bases = [s.base_url for s in servers]
+                http = await stack.enter_async_context(httpx.AsyncClient(timeout=60))
+                limit = asyncio.Semaphore(32)
+                cancels = {"asked": 0, "cancelled": 0}
+                other_gets = 0
+                started = time.perf_counter()
+
+                async def one(i: int) -> tuple[str, str]:
+                    nonlocal other_gets
+                    async with limit:
+                        home = rng.randrange(replicas)
+                        rid = IdGenerator.new_response_id()
+                        hang = i % 10 == 0
+                        body = {"model": "m", "input": "hang" if hang else f"quick {i}", "background": True}
+                        created = await http.post(
+                            f"{bases[home]}/responses", json=body, headers={"x-agent-response-id": rid}
+                        )
+                        created.raise_for_status()
+                        if hang:
+                            away = (home + 1 + rng.randrange(replicas - 1)) % replicas
+                            lease_sql = "SELECT 1 FROM eventguard_leases WHERE response_id = $1"
+                            while not await conn.fetchval(lease_sql, json.dumps(rid)):  # noqa: ASYNC110
+                                await asyncio.sleep(0.05)
+                            cancels["asked"] += 1
+                            answer = await http.post(f"{bases[away]}/responses/{rid}/cancel")
+                            if answer.status_code == 200 and answer.json()["status"] == "cancelled":
+                                cancels["cancelled"] += 1
+                        while True:
+                            where = rng.randrange(replicas) if rng.random() < 1 / 3 else home
+                            other_gets += where != home
+                            status = (await http.get(f"{bases[where]}/responses/{rid}")).json()["status"]
+                            if status not in ("queued", "in_progress"):
+                                return rid, status
+                            await asyncio.sleep(0.05)
+
+                ended = await asyncio.gather(*(one(i) for i in range(n)))
+                elapsed = time.perf_counter() - started
+                await asyncio.sleep(1.0)  # the sinks' last flush
+                disagree = 0
+                for rid, _status in ended:
+                    got = {(await http.get(f"{b}/responses/{rid}")).json()["status"] for b in bases}
+                    stored = await conn.fetchval(
+                        "SELECT status FROM eventguard_provider_responses WHERE response_id = $1", rid
+                    )
+                    disagree += got != {stored}
+                stuck = await conn.fetchval(
+                    "SELECT count(*) FROM eventguard_responses WHERE status NOT IN"
+                    " ('completed', 'incomplete', 'failed', 'cancelled', 'interrupted')"
+                )
+                lost = await conn.fetchval(
+                    "SELECT coalesce(sum(r.event_count - (SELECT count(*) FROM eventguard_events e"
+                    " WHERE e.response_id = r.response_id)), 0) FROM eventguard_responses r"
+                )
+                running_sql = "SELECT count(*) FROM eventguard_leases WHERE state = 'running'"
+                running = await conn.fetchval(running_sql)
+                statuses: dict[str, int] = {}
+                for _rid, status in ended:
+                    statuses[status] = statuses.get(status, 0) + 1
+        return {
+            "responses": n, "replicas": replicas, "seconds": round(elapsed, 1),
+            "per_second": round(n / elapsed, 1), "statuses": statuses, "cancels_relayed": cancels,
+            "gets_on_another_replica": other_gets, "replicas_disagreeing": disagree,
+            "lifecycles_not_ended": stuck, "events_lost": lost, "leases_still_running": running,
+        }  # fmt: skip
+    finally:
+        await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        await conn.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--responses", type=int, default=500)
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--lease", type=float, default=5.0)
+    args = parser.parse_args()
+    figures = asyncio.run(asyncio.wait_for(run(args.responses, args.replicas, args.lease), 1800))
+    print(json.dumps(figures))
+    ok = (
+        figures["replicas_disagreeing"] == figures["lifecycles_not_ended"] == figures["events_lost"] == 0
+        and figures["cancels_relayed"]["cancelled"] == figures["cancels_relayed"]["asked"]
+        and figures["leases_still_running"] == 0
+    )
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
