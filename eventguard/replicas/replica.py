@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import func, literal, select, text
+from sqlalchemy import event, func, literal, select, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from eventguard.provider import _key, _partition, _shown
@@ -59,6 +60,7 @@ class Replica:
         """Start the heartbeat, the reaper and the cancel relay (after the storage has started)."""
         self._app = app
         self._wake = asyncio.Event()
+        await self._bound_idle_transactions()
         await self._listen()
         for loop in (self._heartbeat_loop, self._reaper_loop, self._cancel_loop):
             self._tasks.append(asyncio.create_task(loop(), name=f"eventguard-replica-{loop.__name__}"))
@@ -160,6 +162,24 @@ class Replica:
             if lease is None or lease.state != "running" or lease.expired:
                 return
             await asyncio.sleep(0.05)
+
+    async def _bound_idle_transactions(self) -> None:
+        """On PostgreSQL, a session of this replica idle inside a transaction for longer than a
+        lease is ended by the server: a paused replica (SIGSTOP, a long GC pause) must not hold the
+        row locks the survivors need to end its responses. New connections get the setting; the
+        pool, opened by the schema check, is emptied so that every connection is a new one."""
+        engine = self.provider.engine
+        if engine.url.get_backend_name() != "postgresql":
+            return
+        millis = max(int(self.options.lease * 1000), 100)
+
+        def bound(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute(f"SET idle_in_transaction_session_timeout = {millis}")
+            cursor.close()
+
+        event.listen(engine.sync_engine, "connect", bound)
+        await engine.dispose()
 
     async def _listen(self) -> None:
         """LISTEN on PostgreSQL (a dedicated asyncpg connection); polling covers every database."""
@@ -272,12 +292,19 @@ async def reap_expired(
     ended: list[str] = []
     state = "ended" if policy == "failed" else "interrupted"
     for lease in candidates:
-        async with tx() as conn:
-            if await lease_sql.take_expired(conn, lease, reaper, state, policy) is None:
-                continue  # another replica took it first
-            if policy == "failed":
-                await end_envelope(conn, lease.partition, lease.response_key, reaper)
-            await end_lifecycle(conn, lease.response_id, policy, reaper)
+        try:
+            async with tx() as conn:
+                if conn.dialect.name == "postgresql":
+                    # A row still locked by the dead or paused owner: give up, retry next pass.
+                    await conn.execute(text("SET LOCAL lock_timeout = '2s'"))
+                if await lease_sql.take_expired(conn, lease, reaper, state, policy) is None:
+                    continue  # another replica took it first
+                if policy == "failed":
+                    await end_envelope(conn, lease.partition, lease.response_key, reaper)
+                await end_lifecycle(conn, lease.response_id, policy, reaper)
+        except DBAPIError as exc:
+            log.warning("could not reap %r yet (%s): next pass", lease.response_id, exc)
+            continue
         ended.append(lease.response_id)
     if into is not None:
         into.extend(ended)

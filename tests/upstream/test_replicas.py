@@ -199,10 +199,18 @@ async def test_a_paused_replica_past_its_lease_cannot_overwrite_the_survivors_de
         finally:
             a.process.send_signal(signal.SIGCONT)
         # A wakes, finishes its run, and tries to write ``completed`` under its old token.
-        sql = "SELECT count(*) FROM eventguard_anomalies WHERE response_id = $1 AND kind = 'fenced_out'"
-        await poll(lambda: conn.fetchval(sql, rid), "the fenced-out anomaly")
+        # Its write ends either way: refused (an anomaly) or, were it not fenced, over B's envelope.
+        sql = (
+            "SELECT (SELECT count(*) FROM eventguard_anomalies"
+            " WHERE response_id = $1 AND kind = 'fenced_out')"
+            " + (SELECT count(*) FROM eventguard_provider_responses WHERE response_id = $1"
+            " AND status = 'completed')"
+        )
+        await poll(lambda: conn.fetchval(sql, rid), "A's write after it woke")
         async with client(a.base_url) as ca, client(b.base_url) as cb:
             assert (await ca.responses.retrieve(rid)).status == "failed"
             assert (await cb.responses.retrieve(rid)).status == "failed"
         status = await conn.fetchval("SELECT status FROM eventguard_responses WHERE response_id = $1", rid)
         assert status == "failed"
+        anomaly = "SELECT count(*) FROM eventguard_anomalies WHERE response_id = $1 AND kind = 'fenced_out'"
+        assert await conn.fetchval(anomaly, rid) == 1  # refused, and recorded: never silently
