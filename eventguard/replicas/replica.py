@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import event, func, literal, select, text
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from eventguard.provider import _key, _partition, _shown
 from eventguard.replicas import leases as lease_sql
@@ -283,10 +283,24 @@ class Replica:
             log.error("could not record the fenced-out write of %r: %s", response_id, exc)
 
 
+async def reap(
+    engine: AsyncEngine, *, policy: str = "failed", limit: int = 1000, reaper: str = "eventguard-recover"
+) -> list[str]:
+    """End every response whose replica's lease expired (``eventguard recover --expired-leases``):
+    the reaper's pass, by an operator. Exactly once with the replicas' own reapers."""
+
+    @contextlib.asynccontextmanager
+    async def tx() -> AsyncIterator[AsyncConnection]:
+        async with engine.begin() as conn:
+            yield conn
+
+    return await reap_expired(tx, reaper, policy, limit)
+
+
 async def reap_expired(
     tx: Any, reaper: str, policy: str, limit: int, into: list[str] | None = None
 ) -> list[str]:
-    """The reaper's pass (also ``eventguard recover --leases``): see :meth:`Replica.reap_once`."""
+    """The reaper's pass: see :meth:`Replica.reap_once`."""
     async with tx() as conn:
         candidates = await lease_sql.expired(conn, limit)
     ended: list[str] = []

@@ -40,6 +40,7 @@ async def run(n: int, replicas: int, lease: float) -> dict[str, Any]:
     await conn.execute(f'CREATE SCHEMA "{schema}"')
     await conn.execute(f'SET search_path TO "{schema}"')
     db = Database(URL, schema)
+    pool = await asyncpg.create_pool(DSN, min_size=1, max_size=8, server_settings={"search_path": schema})
     rng = random.Random(16)
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -72,7 +73,7 @@ async def run(n: int, replicas: int, lease: float) -> dict[str, Any]:
                         if hang:
                             away = (home + 1 + rng.randrange(replicas - 1)) % replicas
                             lease_sql = "SELECT 1 FROM eventguard_leases WHERE response_id = $1"
-                            while not await conn.fetchval(lease_sql, json.dumps(rid)):  # noqa: ASYNC110
+                            while not await pool.fetchval(lease_sql, json.dumps(rid)):  # noqa: ASYNC110
                                 await asyncio.sleep(0.05)
                             cancels["asked"] += 1
                             answer = await http.post(f"{bases[away]}/responses/{rid}/cancel")
@@ -116,6 +117,7 @@ async def run(n: int, replicas: int, lease: float) -> dict[str, Any]:
             "lifecycles_not_ended": stuck, "events_lost": lost, "leases_still_running": running,
         }  # fmt: skip
     finally:
+        await pool.close()
         await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
         await conn.close()
 
