@@ -8,7 +8,9 @@ are short (1.5 s) so failover costs seconds. One row of README "Several replicas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+import sqlite3
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -22,7 +24,7 @@ from azure.ai.agentserver.responses._id_generator import IdGenerator
 
 from tests.upstream.test_provider_e2e import Database, Lifetime, client, lifetime, wait_status
 
-pytestmark = [pytest.mark.upstream, pytest.mark.postgres]
+pytestmark = [pytest.mark.upstream]
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 DB_NAME = "h_r16"
@@ -32,8 +34,49 @@ LEASE = "1.5"
 STEP = 30.0
 
 
+class SqliteReader:
+    """``fetchval``/``fetchrow`` of asyncpg's shape over a SQLite file (``$1`` becomes ``?``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _rows(self, sql: str, args: tuple[Any, ...]) -> list[sqlite3.Row]:
+        with contextlib.closing(sqlite3.connect(self.path, timeout=30)) as conn:
+            conn.row_factory = sqlite3.Row
+            try:
+                return conn.execute(sql.replace("$1", "?"), args).fetchall()
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):
+                    return []
+                raise
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        rows = await asyncio.to_thread(self._rows, sql, args)
+        return rows[0][0] if rows else None
+
+    async def fetchrow(self, sql: str, *args: Any) -> Any:
+        rows = await asyncio.to_thread(self._rows, sql, args)
+        return rows[0] if rows else None
+
+
+@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres), "sqlite"])
+async def any_db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Database, Any]]:
+    """PostgreSQL (LISTEN/NOTIFY and polling) or a SQLite file several processes share (polling)."""
+    if request.param == "sqlite":
+        path = tmp_path / "replicas.db"
+        yield Database(f"sqlite:///{path}", None), SqliteReader(path)
+        return
+    async for found in _postgres():
+        yield found
+
+
 @pytest.fixture
 async def db() -> AsyncIterator[tuple[Database, Any]]:
+    async for found in _postgres():
+        yield found
+
+
+async def _postgres() -> AsyncIterator[tuple[Database, Any]]:
     """A schema of its own in the ``h_r16`` database (created when missing), and a connection to it."""
     try:
         async with asyncio.timeout(5):
@@ -100,6 +143,7 @@ async def started_on(conn: Any, response_id: str) -> None:
     await poll(lambda: conn.fetchval(sql, f'"{response_id}"'), "the lease")
 
 
+@pytest.mark.postgres
 async def test_a_post_reusing_an_id_live_or_stored_on_another_replica_gets_the_owners_409(
     db: tuple[Database, Any], tmp_path: Path
 ) -> None:
@@ -119,6 +163,7 @@ async def test_a_post_reusing_an_id_live_or_stored_on_another_replica_gets_the_o
         assert stored.status_code == 409
 
 
+@pytest.mark.postgres
 async def test_a_delete_of_a_response_in_flight_on_another_replica_is_refused_as_the_owner_refuses_it(
     db: tuple[Database, Any], tmp_path: Path
 ) -> None:
@@ -139,9 +184,9 @@ async def test_a_delete_of_a_response_in_flight_on_another_replica_is_refused_as
 
 
 async def test_a_cancel_on_another_replica_reaches_the_owner_as_a_client_cancel_and_answers_200(
-    db: tuple[Database, Any], tmp_path: Path
+    any_db: tuple[Database, Any], tmp_path: Path
 ) -> None:
-    database, conn = db
+    database, conn = any_db
     async with AsyncExitStack() as stack:
         a, b = await replicas(stack, database, tmp_path, 2)
         rid = new_id()
@@ -157,6 +202,7 @@ async def test_a_cancel_on_another_replica_reaches_the_owner_as_a_client_cancel_
         assert row["cause"] == "client_cancel"  # the guard saw the host's client cancel
 
 
+@pytest.mark.postgres
 async def test_a_killed_replicas_response_is_ended_once_by_one_survivor_after_its_lease(
     db: tuple[Database, Any], tmp_path: Path
 ) -> None:
@@ -183,6 +229,7 @@ async def test_a_killed_replicas_response_is_ended_once_by_one_survivor_after_it
         assert await conn.fetchval("SELECT count(*) FROM eventguard_events WHERE response_id = $1", rid) >= 1
 
 
+@pytest.mark.postgres
 async def test_a_paused_replica_past_its_lease_cannot_overwrite_the_survivors_decision(
     db: tuple[Database, Any], tmp_path: Path
 ) -> None:
