@@ -114,7 +114,7 @@ async def run(n: int, replicas: int, lease: float) -> dict[str, Any]:
             "responses": n, "replicas": replicas, "seconds": round(elapsed, 1),
             "per_second": round(n / elapsed, 1), "statuses": statuses, "cancels_relayed": cancels,
             "gets_on_another_replica": other_gets, "replicas_disagreeing": disagree,
-            "lifecycles_not_ended": stuck, "events_lost": lost, "leases_still_running": running,
+            "lifecycles_not_ended": stuck, "events_lost": int(lost), "leases_still_running": running,
         }  # fmt: skip
     finally:
         await pool.close()
