@@ -8,6 +8,13 @@ schema of ``h_r16``); ``--responses`` background responses posted to replicas at
 GETs go to a different replica. Then every response must have ended (none ``in_progress``), every
 replica's ``GET`` must equal the stored status, and every event the guards counted must be stored.
 Prints one JSON line of figures; exits 1 when any check fails.
+
+    PYTHONPATH=$PWD python -m tests.reliability.replicas --kills 20
+
+Failover instead: two survivors and, 20 times, a victim replica given 4 responses (slow or hanging)
+and SIGKILLed at a random point (0-2 s); after its lease every one of its responses must be ended
+exactly once (one terminal transition, the lease taken once: token 2, by a survivor), and every event
+stored before the kill must still be there.
 """
 
 from __future__ import annotations
@@ -122,12 +129,88 @@ async def run(n: int, replicas: int, lease: float) -> dict[str, Any]:
         await conn.close()
 
 
+async def kills(rounds: int, lease: float) -> dict[str, Any]:
+    conn = await asyncpg.connect(DSN)
+    schema = f"eg_kill_{uuid.uuid4().hex[:10]}"
+    await conn.execute(f'CREATE SCHEMA "{schema}"')
+    await conn.execute(f'SET search_path TO "{schema}"')
+    db = Database(URL, schema)
+    rng = random.Random(20)
+    module = "tests.upstream._replica_child"
+    figures = {"rounds": rounds, "responses": 0, "ended_once": 0, "not_ended": 0, "ended_twice": 0,
+               "events_before_kill": 0, "events_lost": 0, "reaped_by_survivors": 0}  # fmt: skip
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            async with AsyncExitStack() as stack:
+                survivors = []
+                for i in range(2):
+                    state = Path(tmp) / f"s{i}"
+                    state.mkdir()
+                    child = lifetime(db, state, "uvicorn", "chat", module=module, args=(str(lease),))
+                    survivors.append(await stack.enter_async_context(child))
+                names = {s.printed("IDENTITY ")[0][9:] for s in survivors}
+                http = await stack.enter_async_context(httpx.AsyncClient(timeout=60))
+                for k in range(rounds):
+                    state = Path(tmp) / f"v{k}"
+                    state.mkdir()
+                    ids = [IdGenerator.new_response_id() for _ in range(4)]
+                    doomed = lifetime(db, state, "uvicorn", "chat", module=module, args=(str(lease),))
+                    async with doomed as victim:
+                        for j, rid in enumerate(ids):
+                            body = {"model": "m", "input": "slow" if j % 2 else "hang", "background": True}
+                            await http.post(f"{victim.base_url}/responses", json=body,
+                                            headers={"x-agent-response-id": rid})  # fmt: skip
+                        await asyncio.sleep(rng.uniform(0, 2.0))
+                        before = await conn.fetch(
+                            "SELECT response_id, count(*) AS n FROM eventguard_events"
+                            " WHERE response_id = any($1::text[]) GROUP BY response_id", ids
+                        )
+                        victim.process.kill()
+                    async with asyncio.timeout(60):
+                        while await conn.fetchval(  # noqa: ASYNC110
+                            "SELECT count(*) FROM eventguard_leases WHERE state = 'running'"
+                        ):
+                            await asyncio.sleep(0.1)
+                    figures["responses"] += len(ids)
+                    for rid in ids:
+                        terminals = await conn.fetchval(
+                            "SELECT count(*) FROM eventguard_transitions WHERE response_id = $1"
+                            " AND to_state IN ('completed', 'incomplete', 'failed', 'cancelled')",
+                            rid,
+                        )
+                        figures["ended_once"] += terminals == 1
+                        figures["ended_twice"] += terminals > 1
+                        figures["not_ended"] += terminals == 0
+                        lease_row = await conn.fetchrow(
+                            "SELECT ended_by, fencing_token FROM eventguard_leases WHERE response_id = $1",
+                            json.dumps(rid),
+                        )
+                        if lease_row is not None and lease_row["ended_by"] in names:
+                            figures["reaped_by_survivors"] += 1
+                    for row in before:
+                        figures["events_before_kill"] += row["n"]
+                        now = await conn.fetchval(
+                            "SELECT count(*) FROM eventguard_events WHERE response_id = $1",
+                            row["response_id"],
+                        )
+                        figures["events_lost"] += max(row["n"] - now, 0)
+        return figures
+    finally:
+        await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        await conn.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--responses", type=int, default=500)
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--lease", type=float, default=5.0)
+    parser.add_argument("--kills", type=int, default=0, help="the failover run instead: this many kills")
     args = parser.parse_args()
+    if args.kills:
+        found = asyncio.run(asyncio.wait_for(kills(args.kills, min(args.lease, 1.5)), 1800))
+        print(json.dumps(found))
+        sys.exit(0 if found["ended_once"] == found["responses"] and found["events_lost"] == 0 else 1)
     figures = asyncio.run(asyncio.wait_for(run(args.responses, args.replicas, args.lease), 1800))
     print(json.dumps(figures))
     ok = (
