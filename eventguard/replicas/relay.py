@@ -3,6 +3,8 @@ owner would answer them (see docs/replicas.md for the host's routes it stands in
 
 - ``POST /responses`` with ``x-agent-response-id``: the id is claimed in the database first; taken
   (live elsewhere, or stored): the host's own 409 ``response_id_conflict``.
+- ``GET /responses/{id}`` of a *foreground* response in flight on another live replica: the owner's
+  404 (the host shows a foreground response only once it has ended).
 - ``DELETE /responses/{id}`` of a response running on another live replica: the owner's 400
   "Cannot delete an in-flight response.".
 - ``POST /responses/{id}/cancel`` of a response running on another live replica: the cancel is
@@ -45,6 +47,18 @@ CONFLICT = _error(
 IN_FLIGHT = _error(400, "Cannot delete an in-flight response.", "invalid_request_error", None)
 
 
+def _not_found(response_id: str) -> tuple[int, bytes]:
+    body = {
+        "error": {
+            "message": f"Response with id '{response_id}' not found.",
+            "type": "invalid_request_error",
+            "code": "invalid_request_error",
+            "param": "response_id",
+        }
+    }
+    return 404, json.dumps(body).encode()
+
+
 class ReplicaMiddleware:
     """ASGI middleware: see the module's docstring."""
 
@@ -70,7 +84,12 @@ class ReplicaMiddleware:
             from urllib.parse import unquote
 
             response_id = unquote(match["id"])
-            if method == "DELETE" and match["cancel"] is None:
+            replay = b"stream=true" in scope.get("query_string", b"")
+            if method == "GET" and match["cancel"] is None and not replay:
+                if await self.replica.foreground_elsewhere(response_id, user):
+                    await _answer(send, *_not_found(response_id))
+                    return
+            elif method == "DELETE" and match["cancel"] is None:
                 if await self.replica.running_elsewhere(response_id, user):
                     await _answer(send, *IN_FLIGHT)
                     return

@@ -138,6 +138,16 @@ class Replica:
             return False
         return lease.owner != self.identity
 
+    async def foreground_elsewhere(self, response_id: str, user: str | None) -> bool:
+        """A foreground response still running on another live replica (its owner answers 404)."""
+        if not await self.running_elsewhere(response_id, user):
+            return False
+        try:
+            stored = await self.provider.get_response(response_id, context=SimpleNamespace(user_id_key=user))
+        except KeyError:
+            return False
+        return stored.get("background") is not True and stored.get("status") in ("queued", "in_progress")
+
     # -- cancel relay -----------------------------------------------------------------------------
 
     async def relay_cancel(self, response_id: str, user: str | None, headers: dict[str, str]) -> None:

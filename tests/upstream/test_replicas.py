@@ -261,3 +261,28 @@ async def test_a_paused_replica_past_its_lease_cannot_overwrite_the_survivors_de
         assert status == "failed"
         anomaly = "SELECT count(*) FROM eventguard_anomalies WHERE response_id = $1 AND kind = 'fenced_out'"
         assert await conn.fetchval(anomaly, rid) == 1  # refused, and recorded: never silently
+
+
+@pytest.mark.postgres
+async def test_a_foreground_stream_in_flight_is_not_found_on_every_replica_as_on_its_owner(
+    db: tuple[Database, Any], tmp_path: Path
+) -> None:
+    database, conn = db
+    async with AsyncExitStack() as stack:
+        a, b = await replicas(stack, database, tmp_path, 2)
+        rid = new_id()
+        body = {"model": "m", "input": "slow", "stream": True}
+        async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP), http.stream(
+            "POST", f"{a.base_url}/responses", json=body, headers={"x-agent-response-id": rid}
+        ) as streaming:
+            lines = streaming.aiter_lines()
+            await anext(lines)
+            await started_on(conn, rid)
+            owner = await http.get(f"{a.base_url}/responses/{rid}")
+            other = await http.get(f"{b.base_url}/responses/{rid}")
+            assert (owner.status_code, other.status_code) == (404, 404)
+            async for _line in lines:
+                pass
+            bases = (a.base_url, b.base_url)
+            got = [(await http.get(f"{u}/responses/{rid}")).json()["status"] for u in bases]
+            assert got == ["completed", "completed"]
