@@ -464,6 +464,7 @@ class SqlResponseProvider:
         async with self._tx("write") as conn:
             row = (await conn.execute(stmt)).first()
             if row is not None:
+                await self._fence_update(conn, part, prepared.response_id, prepared.status)  # replicas
                 pk, version = row
                 if version > 1:  # re-created: the old life's links go
                     await conn.execute(delete(provider_links).where(provider_links.c.response_pk == pk))
@@ -564,7 +565,8 @@ class SqlResponseProvider:
     async def _fence_update(
         self, conn: AsyncConnection, part: str, response_id: str, status: str | None
     ) -> None:
-        """Called after an envelope's row is updated, before commit: raise to refuse the write."""
+        """Called after an envelope's row is written (created or updated), before commit: raise to
+        refuse the write."""
 
     async def _fence_delete(self, conn: AsyncConnection, part: str, response_id: str) -> None:
         """Called before an envelope is deleted, in its transaction: raise to refuse the delete."""

@@ -4,7 +4,8 @@
 fencing hooks filled in. Each runs inside the provider's own write transaction, so the envelope and
 the lease commit together or not at all:
 
-- ``update_response`` of a response this replica leased goes on only while the lease row still has
+- ``update_response`` (and ``create_response``: 2.2.0b1's host writes a background run's only
+  envelope at its end) of a response this replica leased goes on only while the lease row still has
   this replica as owner and the token it took (``UPDATE ... WHERE owner = :me AND fencing_token =
   :t``); a terminal envelope also ends the lease in that statement. Refused: the envelope is left as
   the new owner (or the reaper) wrote it, the refusal is an anomaly (``fenced_out``) on the
@@ -49,6 +50,19 @@ class FencedResponseProvider(SqlResponseProvider):
     async def update_response(self, response: Any, *, context: Any = None) -> None:
         try:
             await super().update_response(response, context=context)
+        except FencedOutError as exc:
+            replica = self.replica
+            if replica is not None:
+                response_id = response.get("id") if isinstance(response, dict) else None
+                await replica.record_fenced_out(str(response_id), str(exc))
+            raise
+
+    async def create_response(
+        self, response: Any, input_items: Any, history_item_ids: Any, *, context: Any = None
+    ) -> None:
+        # 2.2.0b1's host writes a background run's only envelope at its end, with create_response.
+        try:
+            await super().create_response(response, input_items, history_item_ids, context=context)
         except FencedOutError as exc:
             replica = self.replica
             if replica is not None:
