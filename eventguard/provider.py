@@ -533,6 +533,7 @@ class SqlResponseProvider:
         async with self._tx("write") as conn:
             row = (await conn.execute(stmt)).first()
             if row is not None:
+                await self._fence_update(conn, part, prepared.response_id, prepared.status)  # replicas
                 pk, version = row
                 if version > 1:  # re-created: the old life's links go
                     await conn.execute(delete(provider_links).where(provider_links.c.response_pk == pk))
@@ -598,6 +599,7 @@ class SqlResponseProvider:
             # The envelope first: its row lock serialises two writers of one response, links and all.
             pk = (await conn.execute(stmt)).scalar_one_or_none()
             if pk is not None:
+                await self._fence_update(conn, part, prepared.response_id, prepared.status)  # replicas
                 await conn.execute(
                     delete(provider_links).where(
                         provider_links.c.response_pk == pk, provider_links.c.role == "output"
@@ -624,11 +626,23 @@ class SqlResponseProvider:
             .returning(r.c.pk)
         )
         async with self._tx("write") as conn:
+            await self._fence_delete(conn, part, response_id)  # replicas
             pk = (await conn.execute(stmt)).scalar_one_or_none()
             if pk is not None:
                 await conn.execute(delete(provider_links).where(provider_links.c.response_pk == pk))
         if pk is None:
             raise KeyError(f"response '{response_id}' not found")
+
+    # -- eventguard.replicas: fencing hooks, run inside the write transaction (no-ops here) ------
+
+    async def _fence_update(
+        self, conn: AsyncConnection, part: str, response_id: str, status: str | None
+    ) -> None:
+        """Called after an envelope's row is written (created or updated), before commit: raise to
+        refuse the write."""
+
+    async def _fence_delete(self, conn: AsyncConnection, part: str, response_id: str) -> None:
+        """Called before an envelope is deleted, in its transaction: raise to refuse the delete."""
 
     async def get_input_items(
         self,

@@ -80,8 +80,19 @@ async def _read_lines(proc: asyncio.subprocess.Process, lines: list[str]) -> Non
 
 
 @asynccontextmanager
-async def lifetime(db: Database, state_root: Path, runner: str, which: str) -> AsyncIterator[Lifetime]:
-    """Start a server process, wait until it answers, yield it; then SIGTERM it and wait for its exit."""
+async def lifetime(
+    db: Database,
+    state_root: Path,
+    runner: str,
+    which: str,
+    *,
+    module: str = "tests.upstream._provider_child",
+    args: tuple[str, ...] | None = None,
+) -> AsyncIterator[Lifetime]:
+    """Start a server process, wait until it answers, yield it; then SIGTERM it and wait for its exit.
+
+    ``module`` and ``args`` start another child (the replica tests'); a process the body killed
+    (SIGKILL) is only waited for."""
     port = _free_port()
     env = {
         **os.environ,
@@ -90,10 +101,10 @@ async def lifetime(db: Database, state_root: Path, runner: str, which: str) -> A
         "AGENTSERVER_SHUTDOWN_GRACE_SECONDS": "2",
     }
     stderr_path = state_root / f"{which}-{port}.stderr"
-    args = [db.url, db.schema or "-", str(port), runner, which]
+    args = [db.url, db.schema or "-", str(port), *(args if args is not None else (runner, which))]
     with stderr_path.open("w") as errors:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tests.upstream._provider_child", *args,
+            sys.executable, "-m", module, *args,
             cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=errors,
         )  # fmt: skip
     lines: list[str] = []
@@ -117,6 +128,8 @@ async def lifetime(db: Database, state_root: Path, runner: str, which: str) -> A
             await reader
     # Only after a body that did not raise: its own error says more than the exit code.
     tail = stderr_path.read_text()[-3000:]
+    if code == -signal.SIGKILL:
+        return  # killed by the test: nothing to close
     # uvicorn re-raises the SIGTERM it handled gracefully (exit by the signal); server.run() returns.
     expected = 0 if runner == "run" else -signal.SIGTERM
     assert code == expected, (code, lines, tail)
