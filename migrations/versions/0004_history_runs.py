@@ -82,13 +82,37 @@ def _fill() -> None:
         bind.execute(update, pending)
 
 
+def _table_as_added() -> sa.Table:
+    """The history table between the two steps of the upgrade: 0003's columns, then run, item_key."""
+    return sa.Table(
+        TABLE,
+        sa.MetaData(),
+        sa.Column("node", KEY, nullable=False),
+        sa.Column("parent", KEY),
+        sa.Column("depth", sa.Integer(), nullable=False),
+        sa.Column("item_id", sa.Text(), nullable=False),
+        sa.Column("run", KEY),
+        sa.Column("item_key", KEY),
+        sa.PrimaryKeyConstraint("node", name="pk_eventguard_provider_history"),
+    )
+
+
 def upgrade() -> None:
     with op.batch_alter_table(TABLE) as batch:
         batch.add_column(sa.Column("run", KEY))
         batch.add_column(sa.Column("item_key", KEY))
-    _fill()
-    # SQLite rebuilds the table here (nothing refers to it by foreign key: safe).
-    with op.batch_alter_table(TABLE) as batch:
+    if op.get_context().as_sql:
+        # Offline SQL (`eventguard db upgrade --sql`) cannot assign runs: that needs the stored nodes,
+        # read in depth order. It is safe on a table with no history nodes; on one that has some, the
+        # NOT NULL below refuses the upgrade (no node is left without its run), and an online
+        # `eventguard db upgrade` fills them.
+        op.execute("-- 0004: run and item_key are filled only online; this SQL needs an empty history table")
+    else:
+        _fill()
+    # SQLite rebuilds the table here (nothing refers to it by foreign key: safe). Offline, batch mode
+    # cannot reflect the table, so it is given the table as 0003 left it plus the two new columns.
+    copy_from = _table_as_added() if op.get_context().as_sql else None
+    with op.batch_alter_table(TABLE, copy_from=copy_from) as batch:
         batch.alter_column("run", existing_type=KEY, nullable=False)
         batch.alter_column("item_key", existing_type=KEY, nullable=False)
     op.create_index("ix_eventguard_provider_history_run_depth", TABLE, ["run", "depth"], unique=True)
