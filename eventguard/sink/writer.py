@@ -58,6 +58,7 @@ from eventguard.sink.spool import Spool
 from eventguard.sql import engine as _db
 from eventguard.sql import migrate as _migrate
 from eventguard.sql.classify import reason
+from eventguard.sql.sqlite_thread import SqliteThread
 from eventguard.sql.tables import responses
 
 __all__ = ["Outage", "Writer", "WriterConfig"]
@@ -155,6 +156,7 @@ class Writer:
             self._schema_changed,
             self.collector.encode_rest,
             self.collector.renumbered,
+            lambda: self.sqlite_thread,
         )
         self.replayer = Replayer(self, self.committer, self.loops, lambda: self.name)
         self.outage = Outage()
@@ -164,6 +166,12 @@ class Writer:
         self._work: list[SqlRecorder] = []
         self._buffered = 0
         self._ready = False
+        #: SQLite (a file): the thread every write transaction runs on, off the event loop
+        #: (:mod:`eventguard.sql.sqlite_thread`); None on PostgreSQL, where asyncpg's protocol
+        #: is the loop's own I/O.
+        self.sqlite_thread: SqliteThread | None = _db.sqlite_writer(
+            config.url, busy_timeout_ms=int(config.busy_timeout * 1000)
+        )
 
     @property
     def ready(self) -> bool:
@@ -276,6 +284,8 @@ class Writer:
         if self._unbound is not None:
             await self._unbound.dispose(close=False)
             self._unbound = None
+        if self.sqlite_thread is not None:
+            await self.sqlite_thread.close()
 
     async def _stop(self, task: asyncio.Task[Any], *, cancel: bool) -> None:
         """Let ``task`` end (or cancel it), within bounds; its own errors are not ours to raise
