@@ -41,7 +41,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from eventguard.errors import SchemaMismatchError
-from eventguard.lifecycle import Lifecycle
+from eventguard.lifecycle import ENDED_STATES, Lifecycle
 from eventguard.sink import quarantine
 from eventguard.sink.apply import Stopped, Tally
 from eventguard.sink.batch import Batch
@@ -320,9 +320,26 @@ class Writer:
                 self._overflow()
 
     def note_change(self, rec: SqlRecorder) -> None:
-        """A recorder's lifecycle changed: the writer is woken."""
+        """A recorder's lifecycle changed: the writer is woken at once when it ended (a terminal,
+        an interruption), else within ``flush_interval``: the changes of a short response (its
+        creation, ``in_progress``, its events, its end) go in one transaction, not one each."""
         self._enqueue(rec)
-        self.loops.wake.set()
+        if rec.lifecycle.state in ENDED_STATES:
+            self.loops.wake.set()
+        else:
+            self._wake_soon()
+
+    def _wake_soon(self) -> None:
+        st = self.loops.live
+        if st is None:
+            self.loops.wake.set()
+        elif st.soon is None:
+            st.soon = st.loop.call_later(self.config.flush_interval, self._woken_soon, st)
+
+    @staticmethod
+    def _woken_soon(st: LoopState) -> None:
+        st.soon = None
+        st.wake.set()
 
     def note_close(self, rec: SqlRecorder) -> None:
         """A recorder is closing: the writer is woken; with no writer, what it holds is spooled."""
@@ -400,6 +417,9 @@ class Writer:
                     except TimeoutError:
                         pass
                 st.wake.clear()
+                if st.soon is not None:  # this cycle takes the work it was set for
+                    st.soon.cancel()
+                    st.soon = None
                 recorders = self._take_work()
                 try:
                     if recorders:
