@@ -166,6 +166,8 @@ class Writer:
         self._work: list[SqlRecorder] = []
         self._buffered = 0
         self._ready = False
+        #: The loop a ``close()`` is running on, while it runs (see :meth:`writing`).
+        self._closing: asyncio.AbstractEventLoop | None = None
         #: SQLite (a file): the thread every write transaction runs on, off the event loop
         #: (:mod:`eventguard.sql.sqlite_thread`); None on PostgreSQL, where asyncpg's protocol
         #: is the loop's own I/O.
@@ -254,7 +256,17 @@ class Writer:
         """Final flush of every stream, stop the writer, release connections; see ``SqlSink.aclose``."""
         if self.closed:
             return
+        try:
+            await self._close()
+        finally:
+            self._closing = None  # cancelled halfway: the recorders see the writer gone again
+
+    async def _close(self) -> None:
         st = self.loops.here()
+        # A recorder whose final flush outlived its close_timeout (a thousand streams closing at
+        # once) keeps waiting while this close runs: its work is taken by the final flush below,
+        # not spooled as if the writer were gone (the writer task is detached just after this).
+        self._closing = st.loop
         st.stopping = True
         st.wake.set()
         task, st.task = st.task, None
@@ -372,8 +384,17 @@ class Writer:
         self.to_spool(batches, None)
 
     def writing(self) -> bool:
-        """Whether the current loop's writer task is alive: it will store, or keep, what it was given."""
-        return self.loops.writing()
+        """Whether the current loop's writer task is alive, or ``close()`` is under way on this
+        loop (its final flush takes what waits): either will store, or keep, what it was given."""
+        if self.loops.writing():
+            return True
+        closing = self._closing
+        if closing is None or self.closed:
+            return False
+        try:
+            return closing is asyncio.get_running_loop()
+        except RuntimeError:
+            return False
 
     def spool_now(self, rec: SqlRecorder, why: str) -> None:
         """Keep what a closing recorder still holds in the spool file (its final flush cannot happen)."""
