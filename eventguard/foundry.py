@@ -25,6 +25,7 @@ user of the host).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 from collections import OrderedDict
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 
     from eventguard.provider import SqlResponseProvider
     from eventguard.recording import Sink
+    from eventguard.replicas import ReplicaOptions
+    from eventguard.replicas.replica import Replica
 
 __all__ = ["GuardedResponses", "GuardedResponsesHostServer", "Storage", "guarded_server", "response_info"]
 
@@ -94,6 +97,10 @@ class GuardedResponses:
       builds lives as long as the server: the sink and the store are opened when the app starts
       (schema checked, a leftover spool replayed) and closed when it stops, after the host's own
       shutdown, so the last guard's events are flushed first.
+    - ``replicas`` (``eventguard_replicas``): a :class:`~eventguard.replicas.ReplicaOptions` turns
+      this server into one replica of several on the ``database`` (leases with fencing tokens, a
+      heartbeat, a reaper, cancel/delete/duplicate ids answered as the owner would: README
+      "Several replicas"). Needs ``database=``.
 
     The last guards are kept by response id (:meth:`guard_for`, bounded by ``eventguard_keep_guards``),
     for tests and diagnostics. A resilient server's stored background runs stopped by shutdown are
@@ -106,6 +113,7 @@ class GuardedResponses:
     eventguard_keep_shutdown_completion: ClassVar[bool] = False
     eventguard_keep_guards: ClassVar[int] = 256
     eventguard_database: ClassVar[str | URL | AsyncEngine | None] = None
+    eventguard_replicas: ClassVar[ReplicaOptions | None] = None
 
     def __init__(
         self,
@@ -118,17 +126,23 @@ class GuardedResponses:
         database: str | URL | AsyncEngine | None = _UNSET,
         schema: str | None = None,
         migrate: bool | None = None,
+        replicas: ReplicaOptions | None = _UNSET,
         **kwargs: Any,
     ) -> None:
         if database is _UNSET:
             database = self.eventguard_database
+        if replicas is _UNSET:
+            replicas = self.eventguard_replicas
+        if replicas is not None and database is None:
+            raise ValueError("replicas= needs database= (the leases live in that database)")
         #: What ``database=`` built (opened and closed with the app), or None.
         self.eventguard_storage: Storage | None = None
         if database is not None:
             keyword = _store_keyword()
             wants_store = "store" not in kwargs and "response_store" not in kwargs
             self.eventguard_storage = Storage.build(
-                database, schema=schema, migrate=migrate, sink=sink is _UNSET, provider=wants_store
+                database, schema=schema, migrate=migrate, sink=sink is _UNSET, provider=wants_store,
+                replicas=replicas,
             )
             if self.eventguard_storage.sink is not None:
                 sink = self.eventguard_storage.sink
@@ -150,22 +164,33 @@ class GuardedResponses:
         #: Set once the process begins shutting down (cleared when the app starts). The host tells
         #: foreground responses through their context but never background ones; a background run the
         #: exit then cancels was stopped by shutdown, not by a client.
-        self._eventguard_exiting = _Flag()
+        self._eventguard_process_shutdown = _Flag()
         super().__init__(*args, **kwargs)
         # SIGTERM under ``server.run()``: the host's pre-shutdown callbacks run first of all.
         register = getattr(self, "register_pre_shutdown_callback", None)
         if callable(register):
-            register(self._eventguard_exiting.set)
+            register(self._eventguard_process_shutdown.set)
         # Any ASGI server: the lifespan's shutdown, before the host's own shutdown code and before the
         # event loop cancels what still runs. Wrapping the lifespan itself (not the host's shutdown
         # handler) holds whatever handler is registered later and whatever the graceful timeout is.
         router = getattr(self, "router", None)
         lifespan = getattr(router, "lifespan_context", None)
         if lifespan is not None:
-            wrapped = _noting_shutdown(lifespan, self._eventguard_exiting)
+            wrapped = _noting_shutdown(lifespan, self._eventguard_process_shutdown)
             if self.eventguard_storage is not None:
                 wrapped = _owning(wrapped, self.eventguard_storage)
             router.lifespan_context = wrapped  # type: ignore[union-attr]
+        # eventguard.replicas: requests about another replica's responses (see docs/replicas.md).
+        replica = self._eventguard_replica
+        if replica is not None:
+            from eventguard.replicas.relay import ReplicaMiddleware
+
+            cast(Any, self).add_middleware(ReplicaMiddleware, replica=replica)
+
+    @property
+    def _eventguard_replica(self) -> Replica | None:
+        storage = self.eventguard_storage
+        return None if storage is None else storage.replica
 
     @property
     def _eventguard_on_cancel(self) -> OnCancel:
@@ -177,7 +202,7 @@ class GuardedResponses:
 
     def request_shutdown(self) -> None:
         """The host's ``request_shutdown()`` (call it from your own SIGTERM handler), noted by the guards."""
-        self._eventguard_exiting.set()
+        self._eventguard_process_shutdown.set()
         parent = getattr(super(), "request_shutdown", None)
         if callable(parent):
             parent()
@@ -208,14 +233,28 @@ class GuardedResponses:
             context=context,
             sink=self._eventguard_sink,
             info=info,
-            process_shutdown=self._eventguard_exiting,
+            process_shutdown=self._eventguard_process_shutdown,
         )
         self._eventguard_remember(info.response_id, g)
         if self._eventguard_on_guard is not None:
             self._eventguard_on_guard(g)
-        async with g as events:
-            async for event in events:
-                yield event
+        replica = self._eventguard_replica  # eventguard.replicas: the lease of this run
+        if replica is not None and info.response_id is not None:
+            await replica.claim_run(info.response_id, context)
+        try:
+            async with g as events:
+                async for event in events:
+                    yield event
+        finally:
+            if replica is not None and info.response_id is not None:
+                _settling.add(task := asyncio.get_running_loop().create_task(
+                    replica.settle(info.response_id, context)
+                ))  # fmt: skip
+                task.add_done_callback(_settling.discard)
+
+
+#: Lease settlements running after their handler ended (kept so they are not collected).
+_settling: set[asyncio.Task[None]] = set()
 
 
 class _Flag:
@@ -269,6 +308,8 @@ class Storage:
 
     sink: Any | None
     provider: SqlResponseProvider | None
+    #: The replica's leases and relay (``replicas=``), or None.
+    replica: Replica | None = None
 
     @classmethod
     def build(
@@ -279,6 +320,7 @@ class Storage:
         migrate: bool | None,
         sink: bool,
         provider: bool,
+        replicas: ReplicaOptions | None = None,
     ) -> Storage:
         """The sink (if ``sink``) and the provider (if ``provider``) on one database.
 
@@ -292,6 +334,12 @@ class Storage:
 
         url = database.url if isinstance(database, AsyncEngine) else database
         made_sink = SqlSink(url, schema=schema, auto_migrate=migrate) if sink else None
+        if replicas is not None:  # eventguard.replicas: the store fenced by this replica's leases
+            from eventguard.replicas.fenced import FencedResponseProvider
+            from eventguard.replicas.replica import Replica
+
+            fenced = FencedResponseProvider(database, schema=schema, auto_migrate=migrate)
+            return cls(made_sink, fenced, Replica(replicas, fenced))
         made_provider = (
             SqlResponseProvider(database, schema=schema, auto_migrate=migrate) if provider else None
         )
@@ -325,8 +373,14 @@ def _owning(
     async def owning(app: Any) -> AsyncIterator[Any]:
         await storage.start()
         try:
-            async with lifespan(app) as state:
-                yield state
+            if storage.replica is not None:
+                await storage.replica.start(app)
+            try:
+                async with lifespan(app) as state:
+                    yield state
+            finally:
+                if storage.replica is not None:
+                    await storage.replica.stop()
         finally:
             await storage.aclose()
 

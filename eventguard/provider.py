@@ -41,7 +41,9 @@ What the host relies on, and how it holds here (each checked against the install
   ids, or every conversation member's in membership order, de-duplicated keeping the first
   occurrence; ``-1`` means all, otherwise the last ``limit``. History ids are stored as shared,
   content-addressed nodes (``eventguard_provider_history``): turn n of a chain adds only the ids
-  turn n-1 added, so a 1,000-turn chain costs O(n) rows, not O(n^2).
+  turn n-1 added, so a 1,000-turn chain costs O(n) rows, not O(n^2). Nodes are grouped in runs
+  (a chain without branches is one), so a history is read as one index range per run, in one
+  statement, not node by node.
 - **Concurrency is the database's**: creation is one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE
   deleted`` (two creators of one id: exactly one wins), updates and deletes are conditional on the
   row being live, and no process lock is taken, so several processes on one database agree.
@@ -58,11 +60,24 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import aiosqlite
 from azure.ai.agentserver.responses.store._base import (
     ResponseAlreadyExistsError,
     ResponseStoreCorruptionError,
 )
-from sqlalchemy import bindparam, delete, inspect, select, text, update
+from sqlalchemy import (
+    Select,
+    bindparam,
+    case,
+    delete,
+    exists,
+    func,
+    inspect,
+    literal,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import URL
@@ -95,6 +110,9 @@ MIN_PAGE, MAX_PAGE = 1, 100
 CHUNK = 500
 #: Marks an id stored JSON-encoded because it is not storable as it is (see ``_enc_id``).
 _ENCODED = "~"
+#: Times a history write looks again after another writer took the slot it wanted (each look
+#: finds more stored: only a storm of writers on one chain could need more than two).
+HISTORY_ATTEMPTS = 8
 
 
 class ProviderStorageError(ResponseStoreError, ResponseStoreCorruptionError):
@@ -201,6 +219,12 @@ def _dec_id(text: str) -> str:
     return text
 
 
+def _dec_ids(stored: Sequence[str]) -> list[str]:
+    """Many stored ids at once (a history's thousands): only the escaped ones cost a call. Read
+    with ``scalars().all()``, not row by row: per-row fetching was most of a 2,000-id read."""
+    return [_dec_id(text) if text.startswith(_ENCODED) else text for text in stored]
+
+
 def _id_of(value: object, what: str) -> str:
     if not isinstance(value, str):
         raise UnstorableError(f"{what} must be a str, not {type(value).__name__}")
@@ -224,10 +248,14 @@ def _conversation_id(response: Mapping[str, Any]) -> str | None:
     return str(cid) if cid else None
 
 
-def _history_nodes(ids: Sequence[str]) -> list[tuple[str, str | None, int, str]]:
+#: One history node as written: ``(node, parent, depth, id)``.
+Node = tuple[str, str | None, int, str]
+
+
+def _history_nodes(ids: Sequence[str]) -> list[Node]:
     """The nodes of a history list: ``(node, parent, depth, id)``, each keyed by the hash of the
     whole list up to it, so equal prefixes are the same rows."""
-    nodes: list[tuple[str, str | None, int, str]] = []
+    nodes: list[Node] = []
     parent: str | None = None
     digest = b""
     for depth, item_id in enumerate(ids, start=1):
@@ -236,6 +264,20 @@ def _history_nodes(ids: Sequence[str]) -> list[tuple[str, str | None, int, str]]
         nodes.append((node, parent, depth, item_id))
         parent = node
     return nodes
+
+
+def _probes(count: int) -> list[int]:
+    """Positions of a history list to look up first, to find how much of it is stored: the last
+    ones, then doubling steps back to the start (a new turn adds a few ids at the end)."""
+    found: list[int] = []
+    step = 1
+    at = count - 1
+    while at > 0:
+        found.append(at)
+        at -= step
+        step *= 2
+    found.append(0)
+    return found
 
 
 class _Prepared:
@@ -393,7 +435,7 @@ class SqlResponseProvider:
         Reads see one snapshot (SQLite: a deferred transaction under WAL; PostgreSQL: REPEATABLE
         READ); writes take SQLite's write lock up front (``BEGIN IMMEDIATE``, the engine's default).
         """
-        try:
+        async with self._storage_errors():
             if not self._ready:
                 await self.start()
             options: dict[str, Any] = {}
@@ -408,12 +450,39 @@ class SqlResponseProvider:
                     await conn.execution_options(**options)
                 async with conn.begin():
                     yield conn
+
+    @asynccontextmanager
+    async def _storage_errors(self) -> AsyncIterator[None]:
+        """Every failure of the database, its driver or the pool as a :class:`ProviderStorageError`."""
+        try:
+            yield
         except (ResponseStoreError, UnstorableError):
             raise
-        except Exception as exc:  # the database, its driver, the pool: never a KeyError to the host
+        except Exception as exc:  # never a KeyError to the host
             raise ProviderStorageError(
                 f"the response store could not use the database: {_db.scrub(_reason(exc), self._secrets)}"
             ) from exc
+
+    async def _read_sqlite(self, sql: str, params: tuple[str, ...]) -> list[Any]:
+        """One SELECT on SQLite straight to aiosqlite: one hop to its thread, no transaction.
+
+        The read path's cost was hops, not SQL: ``BEGIN``, SQLAlchemy's cursor (open, execute,
+        fetch, close), ``COMMIT`` were six trips to the driver's thread for one indexed row. A
+        single statement outside a transaction is its own snapshot (WAL), so nothing is lost.
+        """
+        async with self._storage_errors():
+            if not self._ready:
+                await self.start()
+            raw = await self.engine.raw_connection()
+            try:
+                driver = raw.driver_connection
+                if not isinstance(driver, aiosqlite.Connection):  # pragma: no cover - another driver
+                    raise ProviderStorageError(
+                        f"an SQLite engine must use aiosqlite, not {type(driver).__name__}"
+                    )
+                return list(await driver.execute_fetchall(sql, params))
+            finally:
+                raw.close()
 
     # -- ResponseProviderProtocol -----------------------------------------------------------------
 
@@ -464,10 +533,11 @@ class SqlResponseProvider:
         async with self._tx("write") as conn:
             row = (await conn.execute(stmt)).first()
             if row is not None:
+                await self._fence_update(conn, part, prepared.response_id, prepared.status)  # replicas
                 pk, version = row
                 if version > 1:  # re-created: the old life's links go
                     await conn.execute(delete(provider_links).where(provider_links.c.response_pk == pk))
-                await self._write_history(conn, part, nodes, response)
+                await self._write_history(conn, nodes)
                 await self._write_links(conn, pk, "input", prepared.inputs)
                 await self._write_links(conn, pk, "output", prepared.outputs)
                 await self._write_items(conn, part, [*prepared.inputs, *prepared.outputs], now)
@@ -487,17 +557,21 @@ class SqlResponseProvider:
     async def get_response(self, response_id: str, *, context: Any = None) -> Any:
         """The stored envelope (a fresh copy). ``KeyError`` when missing or deleted."""
         part = _partition(context)
+        key = _key(_id_of(response_id, "response_id"))
         r = provider_responses
-        async with self._tx("read") as conn:
-            body = (
-                await conn.execute(
-                    select(r.c.body).where(
-                        r.c.partition == part,
-                        r.c.response_key == _key(_id_of(response_id, "response_id")),
-                        r.c.deleted.is_(False),
+        body: str | None
+        if self._sqlite:
+            rows = await self._read_sqlite(_SQLITE_GET_BODY, (part, key))
+            body = rows[0][0] if rows else None
+        else:
+            async with self._tx("read") as conn:
+                body = (
+                    await conn.execute(
+                        select(r.c.body).where(
+                            r.c.partition == part, r.c.response_key == key, r.c.deleted.is_(False)
+                        )
                     )
-                )
-            ).scalar_one_or_none()
+                ).scalar_one_or_none()
         if body is None:
             raise KeyError(f"response '{response_id}' not found")
         return _load(body, f"response {response_id!a}")
@@ -525,6 +599,7 @@ class SqlResponseProvider:
             # The envelope first: its row lock serialises two writers of one response, links and all.
             pk = (await conn.execute(stmt)).scalar_one_or_none()
             if pk is not None:
+                await self._fence_update(conn, part, prepared.response_id, prepared.status)  # replicas
                 await conn.execute(
                     delete(provider_links).where(
                         provider_links.c.response_pk == pk, provider_links.c.role == "output"
@@ -551,11 +626,23 @@ class SqlResponseProvider:
             .returning(r.c.pk)
         )
         async with self._tx("write") as conn:
+            await self._fence_delete(conn, part, response_id)  # replicas
             pk = (await conn.execute(stmt)).scalar_one_or_none()
             if pk is not None:
                 await conn.execute(delete(provider_links).where(provider_links.c.response_pk == pk))
         if pk is None:
             raise KeyError(f"response '{response_id}' not found")
+
+    # -- eventguard.replicas: fencing hooks, run inside the write transaction (no-ops here) ------
+
+    async def _fence_update(
+        self, conn: AsyncConnection, part: str, response_id: str, status: str | None
+    ) -> None:
+        """Called after an envelope's row is written (created or updated), before commit: raise to
+        refuse the write."""
+
+    async def _fence_delete(self, conn: AsyncConnection, part: str, response_id: str) -> None:
+        """Called before an envelope is deleted, in its transaction: raise to refuse the delete."""
 
     async def get_input_items(
         self,
@@ -629,6 +716,16 @@ class SqlResponseProvider:
         part = _partition(context)
         r = provider_responses
         members: list[tuple[int, str | None]] = []
+        if conversation_id is None:
+            # The chain case (every turn of a previous_response_id chat): one statement.
+            if previous_response_id is None:
+                return []
+            key = _key(_id_of(previous_response_id, "previous_response_id"))
+            async with self._tx("read") as conn:
+                chained = _dec_ids(
+                    (await conn.execute(_CHAIN_QUERY, {"part": part, "key": key})).scalars().all()
+                )
+            return _last(list(dict.fromkeys(chained)), limit)
         async with self._tx("read") as conn:
             if previous_response_id is not None:
                 row = (
@@ -662,43 +759,81 @@ class SqlResponseProvider:
                 inputs, outputs = links[pk]
                 resolved += inputs
                 resolved += outputs
-        unique = list(dict.fromkeys(resolved))
-        if limit == -1:
-            return unique
-        if limit <= 0:
-            return []
-        return unique[-limit:]
+        return _last(list(dict.fromkeys(resolved)), limit)
 
     # -- statements -------------------------------------------------------------------------------
 
-    async def _write_history(
-        self, conn: AsyncConnection, part: str, nodes: list[tuple[str, str | None, int, str]], response: Any
-    ) -> None:
-        """Insert the nodes of a history list that are not stored yet.
+    async def _write_history(self, conn: AsyncConnection, nodes: list[Node]) -> None:
+        """Store the nodes of a history list that are not stored yet, in runs (see
+        ``eventguard.sql.tables.provider_history``).
 
-        A chained response's history starts with the previous response's (the host builds it so):
-        those nodes exist, and only the ones after it are written.
+        The first new node continues the run of the node before it when that node ends its run,
+        else starts a run of its own; the rest follow in that run. The run's slot is taken by the
+        insert itself (unique ``(run, depth)``, ``ON CONFLICT DO NOTHING``), so two writers
+        extending one run at once (several processes, PostgreSQL) cannot both take it: the one
+        that did not look again, finds the other's nodes or branches off.
         """
+        for _attempt in range(HISTORY_ATTEMPTS):
+            stored, base_run = await self._stored_prefix(conn, nodes)
+            if stored == len(nodes):
+                return
+            first, *rest = nodes[stored:]
+            for run in ([base_run] if base_run is not None else []) + [first[0]]:
+                if await self._insert_nodes(conn, [first], run, returning=True):
+                    await self._insert_nodes(conn, rest, run, returning=False)
+                    return
+                if await self._has_node(conn, first[0]):
+                    break  # another writer stored it: look again from there
+        raise ProviderStorageError(
+            f"history nodes could not be written in {HISTORY_ATTEMPTS} attempts (other writers took them)"
+        )
+
+    async def _stored_prefix(self, conn: AsyncConnection, nodes: list[Node]) -> tuple[int, str | None]:
+        """How many leading nodes of ``nodes`` are stored, and the run of the last of them.
+
+        Stored nodes are closed under "parent of" (a node is written after its parent, and
+        retention keeps every ancestor of a kept node), so the stored ones are a prefix: a few
+        probes bound it, one range query finds it.
+        """
+        h = provider_history
         if not nodes:
-            return
-        start = 0
-        previous = response.get("previous_response_id")
-        if isinstance(previous, str):
-            r = provider_responses
-            known = (
-                await conn.execute(
-                    select(r.c.history_node).where(r.c.partition == part, r.c.response_key == _key(previous))
-                )
-            ).scalar_one_or_none()
-            if known is not None:
-                at = {node: depth for node, _parent, depth, _id in nodes}.get(known)
-                start = at if at is not None else 0
-        fresh = nodes[start:]
-        if fresh:
-            await conn.execute(
-                self._insert(provider_history).on_conflict_do_nothing(),
-                [{"node": n, "parent": p, "depth": d, "item_id": _enc_id(i)} for n, p, d, i in fresh],
-            )
+            return 0, None
+        probes = _probes(len(nodes))
+        runs: dict[str, str] = {}
+        query = select(h.c.node, h.c.run).where(h.c.node.in_(bindparam("nodes", expanding=True)))
+        for node, run in await conn.execute(query, {"nodes": [nodes[i][0] for i in probes]}):
+            runs[node] = run
+        present = [i for i in probes if nodes[i][0] in runs]
+        lo = max(present, default=-1)
+        hi = min((i for i in probes if i > lo), default=len(nodes))
+        for start in range(lo + 1, hi, CHUNK):
+            chunk = [n[0] for n in nodes[start : min(hi, start + CHUNK)]]
+            for node, run in await conn.execute(query, {"nodes": chunk}):
+                runs[node] = run
+        stored = lo + 1
+        while stored < hi and nodes[stored][0] in runs:
+            stored += 1
+        return stored, (runs[nodes[stored - 1][0]] if stored else None)
+
+    async def _insert_nodes(
+        self, conn: AsyncConnection, nodes: list[Node], run: str, *, returning: bool
+    ) -> int:
+        """Insert nodes into ``run``; with ``returning``, how many were inserted (0: a conflict)."""
+        if not nodes:
+            return 0
+        stmt = self._insert(provider_history).on_conflict_do_nothing()
+        rows = [
+            {"node": n, "parent": p, "depth": d, "item_id": _enc_id(i), "run": run, "item_key": _key(i)}
+            for n, p, d, i in nodes
+        ]
+        if returning:
+            return len((await conn.execute(stmt.values(rows[0]).returning(provider_history.c.node))).all())
+        await conn.execute(stmt, rows)
+        return len(rows)
+
+    async def _has_node(self, conn: AsyncConnection, node: str) -> bool:
+        h = provider_history
+        return (await conn.execute(select(h.c.node).where(h.c.node == node))).first() is not None
 
     async def _write_links(
         self, conn: AsyncConnection, pk: int, role: str, items: list[tuple[str, str]]
@@ -745,23 +880,14 @@ class SqlResponseProvider:
         )
 
     async def _history(self, conn: AsyncConnection, node: str | None) -> list[str]:
-        """The ids of a history list, from its last node up its parents (one recursive query)."""
+        """The ids of a history list, from its last node: one query, one index range per run.
+
+        The recursive part walks runs, not nodes (the run the list ends in, then each run it
+        branched from); a chain with no branches is one run.
+        """
         if node is None:
             return []
-        if not self._sqlite:
-            # Each step of the walk is one primary-key lookup; without statistics on a young table
-            # PostgreSQL plans a hash join over the whole table per step (O(n^2): 23 ms for 200
-            # nodes). This transaction only: no sequential scans.
-            await conn.execute(text("SET LOCAL enable_seqscan = off"))
-        h = provider_history
-        chain = select(h.c.node, h.c.parent, h.c.depth, h.c.item_id).where(h.c.node == node)
-        walk = chain.cte("chain", recursive=True)
-        up = h.alias("up")
-        walk = walk.union_all(
-            select(up.c.node, up.c.parent, up.c.depth, up.c.item_id).where(up.c.node == walk.c.parent)
-        )
-        rows = await conn.execute(select(walk.c.item_id).order_by(walk.c.depth))
-        return [_dec_id(stored) for (stored,) in rows]
+        return _dec_ids((await conn.execute(_HISTORY_QUERY, {"node": node})).scalars().all())
 
     async def _links(self, conn: AsyncConnection, pks: list[int]) -> dict[int, tuple[list[str], list[str]]]:
         """Each response's input and output ids, in order."""
@@ -835,7 +961,14 @@ async def read_envelopes(conn: AsyncConnection, shown_id: str) -> list[EnvelopeR
 
 async def prune_store(conn: AsyncConnection, cutoff: datetime) -> EnvelopePruneResult:
     """Expire the response store's rows last written before ``cutoff`` (see
-    :meth:`eventguard.ResponseStore.prune_envelopes`), in the caller's transaction."""
+    :meth:`eventguard.ResponseStore.prune_envelopes`), in the caller's transaction.
+
+    Five set-based statements, nothing read into Python: the old envelopes, the links and the
+    conversation memberships left without a response (the links' ``ON DELETE CASCADE`` does it
+    already where foreign keys are enforced; SQLite enforces them per connection), the
+    history nodes no remaining response reaches (found run by run, as ``_history`` reads them),
+    and the old items that no link and no remaining history node names.
+    """
     r, lk, it, h, c = (
         provider_responses,
         provider_links,
@@ -843,48 +976,120 @@ async def prune_store(conn: AsyncConnection, cutoff: datetime) -> EnvelopePruneR
         provider_history,
         provider_conversations,
     )
-    old = (
-        await conn.execute(
-            select(r.c.pk, r.c.partition, r.c.response_key).where(
-                r.c.updated_at < cutoff, r.c.deleted.is_(True) | r.c.status.in_(_ENDED_ENVELOPE)
-            )
-        )
-    ).all()
-    for start in range(0, len(old), CHUNK):
-        chunk = old[start : start + CHUNK]
-        pks = [row.pk for row in chunk]
-        await conn.execute(delete(lk).where(lk.c.response_pk.in_(pks)))
-        for row in chunk:
-            await conn.execute(
-                delete(c).where(c.c.partition == row.partition, c.c.response_key == row.response_key)
-            )
-        await conn.execute(delete(r).where(r.c.pk.in_(pks)))
-    # What the kept responses still name: their links, and every node of their histories.
-    named = {key for (key,) in await conn.execute(select(lk.c.item_key).distinct())}
-    starts = select(h.c.node, h.c.parent, h.c.item_id).where(
-        h.c.node.in_(select(r.c.history_node).where(r.c.history_node.is_not(None)))
+    old = r.c.updated_at < cutoff, r.c.deleted.is_(True) | r.c.status.in_(_ENDED_ENVELOPE)
+    envelopes = (await conn.execute(delete(r).where(*old))).rowcount
+    await conn.execute(delete(lk).where(~exists().where(r.c.pk == lk.c.response_pk)))
+    await conn.execute(
+        delete(c).where(~exists().where(r.c.partition == c.c.partition, r.c.response_key == c.c.response_key))
     )
-    walk = starts.cte("reach", recursive=True)
-    up = h.alias("up")
-    walk = walk.union(select(up.c.node, up.c.parent, up.c.item_id).where(up.c.node == walk.c.parent))
-    reached: set[str] = set()
-    for node, stored in await conn.execute(select(walk.c.node, walk.c.item_id)):
-        reached.add(node)
-        named.add(_key(_dec_id(stored)))
-    stale = (await conn.execute(select(it.c.partition, it.c.item_key).where(it.c.updated_at < cutoff))).all()
-    gone_items = [stale_item for stale_item in stale if stale_item.item_key not in named]
-    for item_row in gone_items:
+    reach = _reach()
+    # Counted, not the DELETE's rowcount: Python's sqlite3 reports -1 for a statement that starts
+    # with WITH (it reads the first keyword).
+    count_nodes = select(func.count()).select_from(h)
+    before = (await conn.execute(count_nodes)).scalar_one()
+    await conn.execute(delete(h).where(~exists().where(reach.c.run == h.c.run, h.c.depth <= reach.c.upto)))
+    nodes = before - (await conn.execute(count_nodes)).scalar_one()
+    items = (
         await conn.execute(
-            delete(it).where(it.c.partition == item_row.partition, it.c.item_key == item_row.item_key)
+            delete(it).where(
+                it.c.updated_at < cutoff,
+                ~exists().where(lk.c.item_key == it.c.item_key),
+                ~exists().where(h.c.item_key == it.c.item_key),
+            )
         )
-    unreached = [n for (n,) in await conn.execute(select(h.c.node)) if n not in reached]
-    for start in range(0, len(unreached), CHUNK):
-        await conn.execute(delete(h).where(h.c.node.in_(unreached[start : start + CHUNK])))
-    return EnvelopePruneResult(envelopes=len(old), items=len(gone_items), history_nodes=len(unreached))
+    ).rowcount
+    return EnvelopePruneResult(envelopes=envelopes, items=items, history_nodes=nodes)
 
+
+def _reach() -> Any:
+    """For each run, the deepest node any response's history reaches in it (``run``, ``upto``):
+    the nodes of a run at or above that depth are kept. (A deleted, not yet expired response
+    still counts: its row, and so its history, may be re-created.)"""
+    h, r = provider_history, provider_responses
+    seg = (
+        select(h.c.run, h.c.depth.label("upto"))
+        .select_from(r.join(h, h.c.node == r.c.history_node))
+        .cte("reach_seg", recursive=True)
+    )
+    first, before = h.alias("first_node"), h.alias("branch_point")
+    seg = seg.union(
+        select(before.c.run, before.c.depth).select_from(
+            seg.join(first, first.c.node == seg.c.run).join(before, before.c.node == first.c.parent)
+        )
+    )
+    return select(seg.c.run, func.max(seg.c.upto).label("upto")).group_by(seg.c.run).cte("reach")
+
+
+def _runs_from(anchor: Select[Any]) -> Any:
+    """The recursive CTE ``(run, upto)`` of the runs a history list passes through, from the
+    ``(run, depth)`` of its last node (``anchor``): the run it ends in, then each it branched from."""
+    h = provider_history
+    seg = anchor.cte("seg", recursive=True)
+    first, before = h.alias("first_node"), h.alias("branch_point")
+    return seg.union_all(
+        select(before.c.run, before.c.depth).select_from(
+            seg.join(first, first.c.node == seg.c.run).join(before, before.c.node == first.c.parent)
+        )
+    )
+
+
+def _history_query() -> Select[Any]:
+    """Every id of the history list ending at node ``:node``, in order (see ``_history``)."""
+    h = provider_history
+    seg = _runs_from(select(h.c.run, h.c.depth.label("upto")).where(h.c.node == bindparam("node")))
+    n = h.alias("n")
+    return (
+        select(n.c.item_id)
+        .select_from(seg.join(n, (n.c.run == seg.c.run) & (n.c.depth <= seg.c.upto)))
+        .order_by(n.c.depth)
+    )
+
+
+def _chain_query() -> Select[Any]:
+    """What ``get_history_item_ids(previous, None, ...)`` resolves, in one statement: the live
+    previous response's (``:part``, ``:key``) history ids, then its input and output ids, in order
+    (not de-duplicated). One round trip instead of a lookup, a history read and a links read."""
+    r, h, lk = provider_responses, provider_history, provider_links
+    prev = (
+        select(r.c.pk, r.c.history_node)
+        .where(
+            r.c.partition == bindparam("part"), r.c.response_key == bindparam("key"), r.c.deleted.is_(False)
+        )
+        .cte("prev")
+    )
+    seg = _runs_from(
+        select(h.c.run, h.c.depth.label("upto")).select_from(prev.join(h, h.c.node == prev.c.history_node))
+    )
+    n = h.alias("n")
+    history = select(literal(0).label("part"), n.c.depth.label("pos"), n.c.item_id).select_from(
+        seg.join(n, (n.c.run == seg.c.run) & (n.c.depth <= seg.c.upto))
+    )
+    links = select(
+        case((lk.c.role == "input", 1), else_=2).label("part"), lk.c.position.label("pos"), lk.c.item_id
+    ).where(lk.c.response_pk.in_(select(prev.c.pk)))
+    both = union_all(history, links).subquery("ids")
+    return select(both.c.item_id).order_by(both.c.part, both.c.pos)
+
+
+_HISTORY_QUERY = _history_query()
+_CHAIN_QUERY = _chain_query()
+
+#: ``get_response`` on SQLite in one statement straight to the driver (see ``_read_sqlite``).
+_SQLITE_GET_BODY = (
+    f"SELECT body FROM {provider_responses.name} WHERE partition = ? AND response_key = ? AND deleted = 0"
+)
 
 #: Envelope statuses that have ended (the host's terminal statuses).
 _ENDED_ENVELOPE = ("completed", "incomplete", "failed", "cancelled")
+
+
+def _last(ids: list[str], limit: int) -> list[str]:
+    """The host's ``limit``: ``-1`` all, ``0`` or less none, else the last ``limit``."""
+    if limit == -1:
+        return ids
+    if limit <= 0:
+        return []
+    return ids[-limit:]
 
 
 def _reason(exc: BaseException) -> str:

@@ -124,6 +124,47 @@ class ResponseStore:
         query = _time_window(query, r.finished_at, since, until)
         return await self._page(query, r.pk, limit, after, ResponseRecord)
 
+    async def recent(
+        self,
+        *,
+        status: str | Iterable[str] | None = None,
+        since: datetime | None = None,
+        limit: int = 100,
+        before: int | None = None,
+    ) -> list[ResponseRecord]:
+        """Responses of every status, those still in progress included, newest first.
+
+        What ``eventguard responses list`` prints. For ended responses only, oldest first, with a
+        page cursor, see :meth:`terminal_states`.
+
+        Args:
+            status: only these statuses (a :class:`eventguard.State` value or several); default all.
+            since: only responses active since then: ended at or after it (``finished_at``), or, for
+                one not ended, last written at or after it (``updated_at``). A naive time is UTC.
+            limit: at most this many, 1 to 10,000.
+            before: a row key (:attr:`ResponseRecord.pk <eventguard.records.ResponseRecord.pk>`): only
+                responses stored before that one. For the next page, pass the last record's ``pk``;
+                responses that start meanwhile are newer and never shift the pages.
+
+        Raises:
+            InvalidQueryError: an unknown status, a limit out of range, a ``since`` that is not a
+                datetime, a ``before`` that is not a row key.
+        """
+        r = responses.c
+        query = select(responses)
+        if status is not None:
+            query = query.where(r.status.in_(_statuses(status, allowed=STATES)))
+        if since is not None:
+            query = query.where(func.coalesce(r.finished_at, r.updated_at) >= _utc(since, "since"))
+        if before is not None:
+            if isinstance(before, bool) or not isinstance(before, int) or before < 0:
+                raise InvalidQueryError(f"before must be a row key (a record's pk), not {before!r}")
+            query = query.where(r.pk < before)
+        query = query.order_by(r.pk.desc()).limit(_limit(limit))
+        async with self._reader.begin() as conn:
+            rows = (await conn.execute(query)).all()
+        return [ResponseRecord.model_validate(row) for row in rows]
+
     async def anomalies(
         self,
         *,
@@ -332,6 +373,16 @@ class ResponseStore:
         Args:
             batch: responses per page, 1 to 500 (SQLite's bound-parameter limit allows that many ids).
         """
+        async for row, evs, trs, ans in self._history_rows(batch):
+            yield _history(row, evs, trs, ans)
+
+    async def _history_rows(
+        self, batch: int, event_columns: Sequence[ColumnElement[Any]] = ()
+    ) -> AsyncIterator[tuple[Any, Sequence[Any], Sequence[Any], Sequence[Any]]]:
+        """What :meth:`histories` reads, as database rows: (response row, its events, transitions,
+        anomalies), each group in order. ``eventguard.verify`` checks these directly (building a
+        typed record per event was most of a 10,000-response verify), reading only the
+        ``event_columns`` it needs (``response_id`` and ``attempt`` among them; default: all)."""
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 500:
             raise InvalidQueryError(f"batch must be an integer from 1 to 500, not {batch!r}")
         r = responses.c
@@ -344,16 +395,12 @@ class ResponseStore:
                 if not rows:
                     return
                 ids = [row.response_id for row in rows]
-                evs = await _rows_of(conn, events, ids, events.c.attempt, events.c.seq)
+                evs = await _rows_of(conn, events, ids, events.c.attempt, events.c.seq, columns=event_columns)
                 trs = await _rows_of(conn, transitions, ids, transitions.c.attempt, transitions.c.idx)
                 ans = await _rows_of(conn, anomalies, ids, anomalies.c.attempt, anomalies.c.pk)
             for row in rows:
-                yield _history(
-                    row,
-                    evs.get(row.response_id, ()),
-                    trs.get(row.response_id, ()),
-                    ans.get(row.response_id, ()),
-                )
+                rid = row.response_id
+                yield row, evs.get(rid, ()), trs.get(rid, ()), ans.get(rid, ())
             after = rows[-1].pk
 
 
@@ -377,10 +424,19 @@ async def _rows(
 
 
 async def _rows_of(
-    conn: AsyncConnection, table: Any, response_ids: list[str], *order: ColumnElement[Any]
+    conn: AsyncConnection,
+    table: Any,
+    response_ids: list[str],
+    *order: ColumnElement[Any],
+    columns: Sequence[ColumnElement[Any]] = (),
 ) -> dict[str, list[Any]]:
-    """The rows of ``table`` for these responses, grouped by response id, each group in ``order``."""
-    query = select(table).where(table.c.response_id.in_(response_ids)).order_by(table.c.response_id, *order)
+    """The rows of ``table`` (its ``columns``, default all) for these responses, grouped by response
+    id, each group in ``order``."""
+    query = (
+        (select(*columns) if columns else select(table))
+        .where(table.c.response_id.in_(response_ids))
+        .order_by(table.c.response_id, *order)
+    )
     grouped: dict[str, list[Any]] = {}
     for row in (await conn.execute(query)).all():
         grouped.setdefault(row.response_id, []).append(row)

@@ -20,16 +20,34 @@ span for the response, when the guard noticed it): ``eventguard.correction`` or
 ``eventguard.anomaly``. And these metrics are reported, on the meter ``eventguard`` (names follow
 OpenTelemetry's naming guidelines: dotted, lower case, the unit apart, no ``_total``):
 
-============================== ============== ==========================================================
-name                           instrument     attributes
-============================== ============== ==========================================================
-``eventguard.response.ended``  counter        ``eventguard.response.status``, ``eventguard.response.cause``
-``eventguard.anomaly``         counter        ``eventguard.anomaly.kind``, ``eventguard.correction``
-============================== ============== ==========================================================
+- ``eventguard.response.ended``: counter, ``{response}``; by ``eventguard.response.status`` and
+  ``eventguard.response.cause``.
+- ``eventguard.anomaly``: counter, ``{anomaly}``; by ``eventguard.anomaly.kind`` and
+  ``eventguard.correction``.
 
-The sink's own metrics (queue depth, spool size, refusals, write latency) are in
-:mod:`eventguard.sink`'s documentation. Without OpenTelemetry nothing is imported and nothing is
-reported but the log lines. All of this runs a handful of times per response, never per event.
+And for each sink, by ``db.system.name`` (``sqlite``, ``postgresql``) and ``eventguard.sink.owner``:
+
+- ``eventguard.sink.buffered``: observable up-down counter, ``{event}``: events buffered, waiting
+  for the writer (the queue depth; at most ``max_buffered``).
+- ``eventguard.sink.spool.size``: observable up-down counter, ``By``: bytes in the spool, waiting for
+  a replay.
+- ``eventguard.sink.batches``: observable counter, ``{batch}``; by ``eventguard.sink.outcome``
+  (``written``, ``spooled``).
+- ``eventguard.sink.events.written``: observable counter, ``{event}``.
+- ``eventguard.sink.overflows``: observable counter: back-pressure, the buffer reached
+  ``max_buffered`` and spilled to the spool.
+- ``eventguard.sink.refusals``: observable counter: stream statuses the database refused (another
+  stream or sink holds the response's terminal).
+- ``eventguard.sink.quarantined``: observable counter, ``{record}``: records put in the quarantine.
+- ``eventguard.sink.write.duration``: histogram, ``s``: one record per committed write transaction.
+
+The sink metrics read each :class:`~eventguard.sink.SqlSink`'s own figures (its ``stats``, its
+buffer, its spool file's size) when the application's reader collects, so the hot path pays
+nothing for them; only the write-duration histogram records once per commit. A sink is reported
+from when it is built until it is garbage-collected (sinks are held weakly); its
+``eventguard.sink.owner`` (``SqlSink(owner=...)``) tells two sinks of one process apart. Without
+OpenTelemetry nothing is imported and nothing is reported but the log lines. All of this runs a
+handful of times per response, never per event.
 """
 
 from __future__ import annotations
@@ -37,6 +55,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import logging
+import weakref
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from eventguard._text import one_line
@@ -45,8 +65,9 @@ if TYPE_CHECKING:
     # Types only: lifecycle imports this module, and its anomaly kinds carry their own
     # ``correction`` flag (lifecycle.CORRECTIONS).
     from eventguard.lifecycle import Anomaly, AnomalyKind, Lifecycle, Transition
+    from eventguard.sink import SqlSink
 
-__all__ = ["Reporting", "report_anomaly", "reporting", "set_reporting"]
+__all__ = ["Reporting", "report_anomaly", "reporting", "set_reporting", "watch_sink"]
 
 log = logging.getLogger("eventguard.anomaly")
 
@@ -74,6 +95,8 @@ _reporting = Reporting()
 _UNSET: Final = object()
 #: The built _Otel, None when OpenTelemetry is not importable, _UNSET before the first use.
 _otel_state: Any = _UNSET
+#: The sinks the observable instruments read, weakly: a sink nobody holds any more is not reported.
+_sinks: weakref.WeakSet[SqlSink] = weakref.WeakSet()
 
 
 def reporting() -> Reporting:
@@ -142,6 +165,57 @@ def response_ended(lifecycle: Lifecycle, step: Transition) -> None:
         log.debug("eventguard: reporting an ending failed", exc_info=True)
 
 
+def watch_sink(sink: SqlSink) -> None:
+    """Report ``sink``'s metrics (see the module's table). ``SqlSink`` calls it when it is built.
+
+    Its figures are read when a metric reader collects; its commits are timed through
+    ``sink.stats.on_write``. With OpenTelemetry off (:class:`Reporting`) nothing is reported.
+    """
+    _sinks.add(sink)
+    attributes = {"db.system.name": _system_name(sink), "eventguard.sink.owner": one_line(sink.owner, 200)}
+    sink.stats.on_write = lambda seconds: _wrote(seconds, attributes)
+    if _reporting.opentelemetry:
+        try:
+            _otel()  # the observable instruments exist from now on, not from the first anomaly
+        except Exception:  # as above: telemetry never breaks the sink
+            log.debug("eventguard: setting up the sink's metrics failed", exc_info=True)
+
+
+def _wrote(seconds: float, attributes: dict[str, str]) -> None:
+    if not _reporting.opentelemetry:
+        return
+    try:
+        otel = _otel()
+        if otel is not None:
+            otel.write_duration.record(seconds, attributes)
+    except Exception:  # as above
+        log.debug("eventguard: reporting a write failed", exc_info=True)
+
+
+_WRITE_BUCKETS: Final = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+
+def _system_name(sink: SqlSink) -> str:
+    # OpenTelemetry's db.system.name values: "sqlite", "postgresql".
+    return str(sink.url.get_backend_name())
+
+
 class _Otel:
     """The OpenTelemetry side, built once, on first use, only when the API is importable."""
 
@@ -154,6 +228,54 @@ class _Otel:
         self._anomalies = meter.create_counter(
             "eventguard.anomaly", unit="{anomaly}", description="Anomalies recorded, by kind"
         )
+        self._observation = metrics.Observation
+        self.write_duration = meter.create_histogram(
+            "eventguard.sink.write.duration",
+            unit="s",
+            description="Duration of the sink's write transactions",
+            # OpenTelemetry's advice for durations in seconds, from a millisecond (the SDK's default
+            # buckets are for milliseconds: every SQLite commit would fall in the first)
+            explicit_bucket_boundaries_advisory=_WRITE_BUCKETS,
+        )
+        up_down, counter = meter.create_observable_up_down_counter, meter.create_observable_counter
+        for make, name, unit, description, read in (
+            (up_down, "buffered", "{event}", "Events buffered, waiting for the writer", _buffered),
+            (up_down, "spool.size", "By", "Bytes in the spool, waiting for a replay", _spool_size),
+            (counter, "batches", "{batch}", "Batches written or spooled", _batches),
+            (counter, "events.written", "{event}", "Events written", _events_written),
+            (
+                counter,
+                "overflows",
+                "{overflow}",
+                "Times the buffer was full and spilled to the spool",
+                _overflows,
+            ),
+            (counter, "refusals", "{refusal}", "Stream statuses the database refused", _refusals),
+            (counter, "quarantined", "{record}", "Records put in the quarantine", _quarantined),
+        ):
+            make(
+                f"eventguard.sink.{name}", callbacks=[self._observe(read)], unit=unit, description=description
+            )
+
+    def _observe(
+        self, read: Callable[[SqlSink], Iterator[tuple[float, dict[str, str]]]]
+    ) -> Callable[[Any], list[Any]]:
+        def callback(_options: Any) -> list[Any]:
+            found: list[Any] = []
+            if not _reporting.opentelemetry:  # turned off after these instruments were made
+                return found
+            for sink in list(_sinks):
+                try:
+                    base = {
+                        "db.system.name": _system_name(sink),
+                        "eventguard.sink.owner": one_line(sink.owner, 200),
+                    }
+                    found += [self._observation(value, {**base, **extra}) for value, extra in read(sink)]
+                except Exception:  # one sink that cannot say does not hide the others
+                    log.debug("eventguard: reading a sink's figures failed", exc_info=True)
+            return found
+
+        return callback
 
     def anomaly(
         self,
@@ -183,6 +305,35 @@ class _Otel:
         self._ended.add(
             1, {"eventguard.response.status": step.to_state.value, "eventguard.response.cause": cause}
         )
+
+
+def _buffered(sink: SqlSink) -> Iterator[tuple[float, dict[str, str]]]:
+    yield sink.buffered, {}
+
+
+def _spool_size(sink: SqlSink) -> Iterator[tuple[float, dict[str, str]]]:
+    yield sink.spool.size_bytes(), {}
+
+
+def _batches(sink: SqlSink) -> Iterator[tuple[float, dict[str, str]]]:
+    yield sink.stats.batches_written, {"eventguard.sink.outcome": "written"}
+    yield sink.stats.batches_spooled, {"eventguard.sink.outcome": "spooled"}
+
+
+def _events_written(sink: SqlSink) -> Iterator[tuple[float, dict[str, str]]]:
+    yield sink.stats.events_written, {}
+
+
+def _overflows(sink: SqlSink) -> Iterator[tuple[float, dict[str, str]]]:
+    yield sink.stats.overflows, {}
+
+
+def _refusals(sink: SqlSink) -> Iterator[tuple[float, dict[str, str]]]:
+    yield len(sink.stats.refusals), {}
+
+
+def _quarantined(sink: SqlSink) -> Iterator[tuple[float, dict[str, str]]]:
+    yield sink.stats.quarantined, {}
 
 
 def _otel() -> _Otel | None:

@@ -19,10 +19,11 @@ different terminal statuses are a disagreement.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
-from sqlalchemy import select
+from sqlalchemy import case, select, type_coerce
 
 from eventguard.errors import IllegalTransition
 from eventguard.events import (
@@ -37,7 +38,7 @@ from eventguard.events import (
 )
 from eventguard.lifecycle import ALLOWED_TRANSITIONS, ENDED_STATES, Lifecycle, State
 from eventguard.records import Attempt, History, TransitionRecord
-from eventguard.sql.tables import TERMINAL, provider_responses, responses
+from eventguard.sql.tables import TERMINAL, events, provider_responses, responses
 from eventguard.store import ResponseStore
 
 __all__ = ["Disagreement", "VerifyReport", "check_history", "envelope_disagreements", "verify"]
@@ -82,10 +83,43 @@ def _state(value: str) -> State | None:
         return None
 
 
+class _RowAttempt(NamedTuple):
+    """An :class:`~eventguard.records.Attempt` of database rows, as :func:`verify` checks it.
+
+    The checks below read only attributes that a stored row and its typed record share (``seq``,
+    ``type``, ``payload``; ``idx``, ``from_state``, ``at``...), so :func:`verify` replays the rows
+    as read: typing 100,000 events as records first was two thirds of a 10,000-response verify.
+    """
+
+    attempt: int
+    events: Sequence[Any]
+    transitions: Sequence[Any]
+    anomalies: Sequence[Any]
+
+
+def _row_attempts(row: Any, evs: Sequence[Any], trs: Sequence[Any], ans: Sequence[Any]) -> list[_RowAttempt]:
+    """Group one response's rows by attempt, as ``store._history`` does for a :class:`History`."""
+    numbers = sorted({x.attempt for x in (*evs, *trs, *ans)} | {row.attempt})
+    if len(numbers) == 1:  # the usual case: one attempt, the rows already in order
+        return [_RowAttempt(numbers[0], evs, trs, ans)]
+    return [
+        _RowAttempt(
+            n,
+            [e for e in evs if e.attempt == n],
+            [t for t in trs if t.attempt == n],
+            [x for x in ans if x.attempt == n],
+        )
+        for n in numbers
+    ]
+
+
 def check_attempt(
-    response_id: str, attempt: Attempt
+    response_id: str, attempt: Attempt | _RowAttempt
 ) -> tuple[State | None, TransitionRecord | None, list[str]]:
-    """Replay one attempt; its final state, the transition that set it, and what disagrees."""
+    """Replay one attempt; its final state, the transition that set it, and what disagrees.
+
+    (A ``_RowAttempt``'s transition comes back as its row, which has the same attributes.)
+    """
     problems: list[str] = []
     start = State.NEW if attempt.attempt == 1 else State.INTERRUPTED
     lc = Lifecycle(state=start, attempt=attempt.attempt)
@@ -123,7 +157,7 @@ def check_attempt(
     return final, last, problems
 
 
-def _check_events(attempt: Attempt, final: State | None, writer: list[TransitionRecord]) -> list[str]:
+def _check_events(attempt: Attempt | _RowAttempt, final: State | None, writer: list[Any]) -> list[str]:
     problems: list[str] = []
     reached = {t.to_state for t in writer}
     terminal_seq: int | None = None
@@ -161,12 +195,16 @@ def _check_events(attempt: Attempt, final: State | None, writer: list[Transition
 
 def check_history(history: History) -> list[Disagreement]:
     """Every way this response's stored history disagrees with itself or with its status."""
-    r = history.response
+    return _check(history.response, history.attempts)
+
+
+def _check(r: Any, attempts: Sequence[Attempt | _RowAttempt]) -> list[Disagreement]:
+    """:func:`check_history` of a response (its record or its row) and its attempts."""
     found: list[Disagreement] = []
     final: State | None = None
     last: TransitionRecord | None = None
     last_attempt: int | None = None
-    for attempt in history.attempts:
+    for attempt in attempts:
         if not attempt.transitions and not attempt.events and not attempt.anomalies:
             continue
         state, transition, problems = check_attempt(r.response_id, attempt)
@@ -198,13 +236,32 @@ def has_history(history: History) -> bool:
     return any(a.transitions or a.events for a in history.attempts)
 
 
+_TERMINAL_TYPES = [etype for etype, kind in LIFECYCLE_KINDS.items() if kind is Kind.TERMINAL]
+#: The event columns the checks read. Only a terminal event's payload is read (it is parsed, the
+#: others never are): decoding 100,000 payloads and their times was a third of what remained.
+_EVENT_COLUMNS = (
+    events.c.response_id,
+    events.c.attempt,
+    events.c.seq,
+    events.c.type,
+    type_coerce(case((events.c.type.in_(_TERMINAL_TYPES), events.c.payload)), events.c.payload.type).label(
+        "payload"
+    ),
+)
+
+
+def _has_rows(evs: Sequence[Any], trs: Sequence[Any]) -> bool:
+    return bool(evs or trs)  # has_history of the rows: an attempt with either
+
+
 async def verify(
     store: ResponseStore, *, batch: int = 500, progress: Callable[[int], None] | None = None
 ) -> VerifyReport:
     """Replay every stored history in ``store`` through the lifecycle state machine.
 
     Reads every response and its history in insertion order, ``batch`` responses a page
-    (:meth:`ResponseStore.histories`: four queries a page, not four per response), and returns what
+    (what :meth:`ResponseStore.histories` reads: four queries a page, not four per response; the rows
+    are checked as read, not typed as records first), and returns what
     disagrees; it writes nothing. A response whose history was pruned (the row kept as a summary)
     is counted in ``without_history``.
 
@@ -215,12 +272,13 @@ async def verify(
     """
     checked = without = 0
     found: list[Disagreement] = []
-    async for history in store.histories(batch=batch):
+    # what histories() reads, as rows
+    async for row, evs, trs, ans in store._history_rows(batch, _EVENT_COLUMNS):
         checked += 1
-        if not has_history(history):
+        if not _has_rows(evs, trs):
             without += 1
         else:
-            found.extend(check_history(history))
+            found.extend(_check(row, _row_attempts(row, evs, trs, ans)))
         if progress is not None and checked % batch == 0:
             progress(checked)
     found.extend(await envelope_disagreements(store, batch=batch))

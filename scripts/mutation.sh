@@ -47,7 +47,7 @@ for module in "${modules[@]}"; do
   # first failure, and most mutants die in the first stage without paying for the heavy imports.
   own=tests/guard/test_$name.py
   case "$module" in eventguard/guard/*)
-    own="tests/guard/test_fault_matrix.py tests/guard/test_properties.py tests/guard/test_closing.py \
+    own="tests/guard/test_every_fault_at_every_position.py tests/guard/test_properties.py tests/guard/test_closing.py \
 tests/guard/test_watchdog.py tests/guard/test_endings.py tests/guard/test_bad_input.py" ;;
   esac
   fast="$own $(cd "$work/w0" && ls tests/guard/test_*.py | grep -v -e openai -e lifecycle_properties | grep -vxF -f <(tr ' ' '\n' <<< "$own") | tr '\n' ' ')"

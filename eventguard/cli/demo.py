@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shlex
 from typing import TYPE_CHECKING
 
 import typer
@@ -12,6 +13,7 @@ from eventguard.cli import missing_extra
 from eventguard.cli._common import (
     DatabaseUrl,
     Json,
+    Schema,
     emit_json,
     err,
     fail,
@@ -27,7 +29,7 @@ if TYPE_CHECKING:  # the demo pulls in the host, uvicorn and openai: only when i
     from eventguard.demo import DemoResult
 
 
-def command(database_url: DatabaseUrl = None, json: Json = False) -> None:
+def command(database_url: DatabaseUrl = None, schema: Schema = None, json: Json = False) -> None:
     """Serve a guarded ResponsesHostServer on loopback, call it with the openai client, show the lies.
 
     No model is needed. Five responses (completes; cancelled while suspended; cancelled after text
@@ -41,13 +43,13 @@ def command(database_url: DatabaseUrl = None, json: Json = False) -> None:
             raise
         fail(message)
 
-    url = resolve(database_url)
+    url = resolve(database_url, schema)
 
     def progress(message: str) -> None:
         err.print(Text(printable(message), style="dim"))
 
     try:
-        result = asyncio.run(run_demo(url, progress=progress))
+        result = asyncio.run(run_demo(url, schema=schema, progress=progress))
     except TimeoutError as exc:  # a scenario step, not the database: say which
         fail(f"demo: {exc or 'a step timed out'}")
     if json:
@@ -61,13 +63,13 @@ def command(database_url: DatabaseUrl = None, json: Json = False) -> None:
             }
         )
     else:
-        _print_table(result)
+        _print_table(result, schema)
     if not result.ok:
         err.print(Text("eventguard: error: eventguard's record and the public API disagree (see the table)"))
         raise typer.Exit(1)
 
 
-def _print_table(result: DemoResult) -> None:
+def _print_table(result: DemoResult, schema: str | None) -> None:
     from eventguard.demo import lies
 
     rows = []
@@ -94,11 +96,12 @@ def _print_table(result: DemoResult) -> None:
     say(f"Stored in {result.url} in {result.seconds:.1f}s:")
     for row in result.rows:
         say(f"  {row.number} {row.response_id}")
+    where = "" if schema is None else f" --schema {shlex.quote(schema)}"
     out.print(
         Text(
             printable(
-                "Next: eventguard responses list --status cancelled | eventguard verify | "
-                f"eventguard responses show {result.rows[-1].response_id}"
+                f"Next: eventguard responses list --status cancelled{where} | eventguard verify{where} | "
+                f"eventguard responses show {result.rows[-1].response_id}{where}"
             )
         ),
         soft_wrap=True,

@@ -61,6 +61,12 @@ def recover(
     older_than: OlderThan,
     policy: Policy = RecoverPolicy.INTERRUPTED,
     limit: Annotated[int, typer.Option("--limit", min=1, max=10_000, help="At most this many.")] = 1000,
+    expired_leases: Annotated[
+        bool,
+        typer.Option(
+            "--expired-leases", help="First end the responses of replicas whose lease expired (replicas=)."
+        ),
+    ] = False,
     database_url: DatabaseUrl = None,
     schema: Schema = None,
     json: Json = False,
@@ -70,7 +76,12 @@ def recover(
     chosen: Literal["interrupted", "failed"] = "failed" if policy is RecoverPolicy.FAILED else "interrupted"
 
     async def work(store: ResponseStore) -> list[str]:
-        return await store.recover(older_than=age, policy=chosen, limit=limit)
+        reaped: list[str] = []
+        if expired_leases:  # eventguard.replicas: the reaper's pass, exactly once with the replicas'
+            from eventguard.replicas.replica import reap
+
+            reaped = await reap(store._engine, policy=chosen, limit=limit)
+        return reaped + await store.recover(older_than=age, policy=chosen, limit=limit)
 
     with progress(f"recovering responses stuck for more than {older_than}", quiet=json):
         marked = store_command(database_url, work, schema)

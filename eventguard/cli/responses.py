@@ -8,7 +8,6 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from eventguard.cli import _query
 from eventguard.cli._common import (
     DatabaseUrl,
     Json,
@@ -68,8 +67,8 @@ def list_(
     since_at = parse_time(since, "--since") if since is not None else None
 
     async def work(store: ResponseStore) -> list[ResponseRecord]:
-        return await _query.list_responses(
-            store, status=None if status is None else status.value, since=since_at, limit=limit
+        return await store.recent(
+            status=None if status is None else status.value, since=since_at, limit=limit
         )
 
     records = run(lambda: with_store(url, work, schema))

@@ -72,8 +72,9 @@ def replay(
                 "files": result.files,
                 "batches": result.batches,
                 "events": result.events,
-                "bad_records": result.bad_lines,
-                "bad_lines": result.bad_lines,  # the earlier name
+                "bad_entries": result.bad_lines,
+                "bad_records": result.bad_lines,  # earlier names, kept for scripts that read them
+                "bad_lines": result.bad_lines,
                 "quarantined": quarantined,
                 "pending_bytes": waiting,
                 "refusals": [str(r) for r in result.refusals],

@@ -246,25 +246,31 @@ def _state_root() -> Iterator[None]:
                     os.environ[key] = value
 
 
-async def migrate(url: URL) -> None:
-    engine = _db.create_engine(url)
+async def migrate(url: URL, schema: str | None = None) -> None:
+    engine = _db.create_engine(url, schema=schema)
     try:
         await _migrate.upgrade(engine)
     finally:
         await engine.dispose()
 
 
-async def run_demo(url: str | URL | None = None, *, progress: Progress | None = None) -> DemoResult:
-    """Run the five scenarios, store them at ``url`` (default: the sink's), and return the table."""
+async def run_demo(
+    url: str | URL | None = None, *, schema: str | None = None, progress: Progress | None = None
+) -> DemoResult:
+    """Run the five scenarios, store them at ``url`` (default: the sink's), and return the table.
+
+    ``schema``: PostgreSQL only, the schema of eventguard's tables (as ``SqlSink(schema=...)``);
+    it must exist. ``progress`` is told each step in words.
+    """
     say = progress or (lambda _message: None)
     began = time.monotonic()
     resolved = _db.resolve_url(url)
     say(f"database {_db.safe_url(resolved)}: migrating")
-    await migrate(resolved)
+    await migrate(resolved, schema)
     chosen = scenarios()
     runs: list[tuple[Scenario, str, Observed, str | None, float]] = []
     with _quiet_host(), _state_root():
-        sink = SqlSink(resolved, auto_migrate=False)
+        sink = SqlSink(resolved, schema=schema, auto_migrate=False)
         await sink.start()
         try:
             for number, scenario in enumerate(chosen, 1):
@@ -275,7 +281,7 @@ async def run_demo(url: str | URL | None = None, *, progress: Progress | None = 
         finally:
             await sink.aclose()
     rows: list[Row] = []
-    async with ResponseStore(resolved) as store:
+    async with ResponseStore(resolved, schema=schema) as store:
         for number, (scenario, response_id, observed, public, seconds) in enumerate(runs, 1):
             record = await store.get(response_id)
             rows.append(Row(number, scenario.title, response_id, observed, record, public, seconds))

@@ -24,7 +24,6 @@ lifecycle events, the terminal decision, anomalies) happens only for the handful
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable
@@ -33,10 +32,10 @@ from types import AsyncGeneratorType, TracebackType
 from typing import Any, Final, Literal, cast
 
 from eventguard.decision import Ending, exit_ending
-from eventguard.errors import GuardAlreadyUsed, GuardOutsideLoop, NotAsyncIterable
+from eventguard.errors import GuardAlreadyUsed, GuardOutsideLoop
 from eventguard.guard.flush import flush
-from eventguard.guard.host import CancellationSignal, Host, info_from_context
-from eventguard.guard.inner import InnerStream
+from eventguard.guard.host import CancellationSignal, Host
+from eventguard.guard.inner import InnerStream, aiter_of
 from eventguard.guard.loop import bound_loop, check_loop
 from eventguard.guard.options import GuardOptions
 from eventguard.guard.referee import DROP, Referee
@@ -145,21 +144,15 @@ class _Core:
         info: ResponseInfo | None = None,
         process_shutdown: object = None,
     ) -> None:
-        aiter_ = getattr(stream, "__aiter__", None)
-        if aiter_ is None:
-            raise NotAsyncIterable(f"guard() needs an async iterable, got {type(stream).__name__}")
-        if not callable(getattr(cancellation_signal, "is_set", None)):
-            raise TypeError("cancellation_signal must have an is_set() method (an asyncio.Event, say)")
+        aiter_ = aiter_of(stream)  # checked first; called last, once the guard is sure to be built
+        #: The only reader of the host's context and signals (see host.py).
+        self._host = host = Host(cancellation_signal, context, process_shutdown)
         options.check()
         #: The loop the guard was built in (None outside one: allowed without a sink; see loop.py).
         self._loop = bound_loop(has_sink=sink is not None)
         #: The inner stream, owned: closed exactly once (see inner.py).
         self._inner = InnerStream(stream, aiter_())
-        #: The only reader of the host's context and signals (see host.py).
-        self._host = host = Host(cancellation_signal, context, process_shutdown)
-        info = info if info is not None else info_from_context(context)
-        if options.recoverable is None:
-            options = dataclasses.replace(options, recoverable=host.recoverable(info))
+        options, info = host.resolve(options, info)
         #: The guard's options, ``recoverable`` resolved: what the decision table reads.
         self._options = options
         #: The live lifecycle model of this response.
@@ -191,12 +184,8 @@ class _Core:
         exceptions are treated as its ending: one thrown in at a ``yield`` (``aclose()``,
         ``athrow()``) or raised by the guard itself goes straight through, untouched.
         Its values are literals, not named constants, because a global lookup per event shows
-        in the benchmark: 0 pulling from the inner stream, 1 working on an event, 2 handing over.
-
-        A consumer that drops the guard without closing it (``break`` out of ``async for`` without
-        ``async with``) leaves this generator suspended at a hand-over: the event loop's async
-        generator finaliser then closes it, as it would any async generator, and the guard ends
-        there (``GeneratorExit`` at phase 2): the inner stream is closed and the ending recorded.
+        in the benchmark: 0 pulling from the inner stream, 1 working on an event, 2 handing over
+        (where a dropped guard is finalised: ``GeneratorExit`` at phase 2, see the module docstring).
         """
         self._open()
         grace = self._options.cancel_grace
@@ -210,7 +199,7 @@ class _Core:
         # Plain str types already seen to need nothing but forwarding; emptied (Referee.go_slow) once
         # every event must take the slow path: after the terminal, or when the guard is ending.
         ref = self._ref
-        slow = self._slow
+        slow = self._watchdog.off_the_hot_path(ref)
         hot = ref.hot
         n = ref.n
         phase = 0
@@ -270,16 +259,6 @@ class _Core:
             ref.n = max(ref.n, n)
         if final is not DROP:
             yield final
-
-    def _slow(self, event: Any) -> Any:
-        """An event off the hot path, to the referee; what to forward (or DROP)."""
-        watchdog = self._watchdog
-        if watchdog.cancel_pending:
-            # The inner stream swallowed the watchdog's stuck-stream cancel and produced an event:
-            # give its task back the cancel count it had (the watchdog's books); the referee decides.
-            watchdog.give_back()
-            return self._ref.swallowed_cancel(event)
-        return self._ref.event(event)
 
     def _check_loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, which must be the one the guard (and its recorder) was built in."""
@@ -359,7 +338,7 @@ class _Core:
 
     def _on_second_grace(self) -> None:
         if self._phase is not Phase.FINISHED:
-            self._watchdog.on_second_grace(self._gen(), self._ref)
+            self._watchdog.on_second_grace(self._ref)
 
 
 class Guard:

@@ -9,10 +9,12 @@ for the watchdog), and what the host says about the response (:func:`info_from_c
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from eventguard.decision import Flags
+from eventguard.guard.options import GuardOptions
 from eventguard.lifecycle import ResponseInfo
 
 __all__ = ["CancellationSignal", "Host", "info_from_context", "is_set"]
@@ -30,6 +32,8 @@ class Host:
     def __init__(
         self, signal: CancellationSignal, context: Any = None, process_shutdown: object = None
     ) -> None:
+        if not callable(getattr(signal, "is_set", None)):
+            raise TypeError("cancellation_signal must have an is_set() method (an asyncio.Event, say)")
         self.signal = signal
         self.context = context
         self.process_shutdown = process_shutdown
@@ -48,6 +52,14 @@ class Host:
             shutdown=is_set(getattr(ctx, "shutdown", None)),
             process_shutdown=process_shutdown,
         )
+
+    def resolve(self, options: GuardOptions, info: ResponseInfo | None) -> tuple[GuardOptions, ResponseInfo]:
+        """``options`` with ``recoverable=None`` resolved (see :meth:`recoverable`), and ``info`` (by
+        default: what the context says)."""
+        info = info if info is not None else info_from_context(self.context)
+        if options.recoverable is None:
+            options = dataclasses.replace(options, recoverable=self.recoverable(info))
+        return options, info
 
     def recoverable(self, info: ResponseInfo) -> bool:
         """Whether a run stopped by shutdown can be recovered, by default: only a resilient host

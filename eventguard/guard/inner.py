@@ -15,7 +15,9 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-__all__ = ["InnerStream", "keep", "spawn"]
+from eventguard.errors import NotAsyncIterable
+
+__all__ = ["InnerStream", "aiter_of", "keep", "spawn"]
 
 log = logging.getLogger("eventguard.guard")
 
@@ -51,6 +53,14 @@ class InnerStream:
         self.closed += 1
         if self._closer is not None:
             spawn(_close_quietly(self._closer))
+
+
+def aiter_of(stream: object) -> Callable[[], AsyncIterator[Any]]:
+    """``stream.__aiter__``, not yet called; ``NotAsyncIterable`` unless ``stream`` is an async iterable."""
+    aiter_: Callable[[], AsyncIterator[Any]] | None = getattr(stream, "__aiter__", None)
+    if aiter_ is None:
+        raise NotAsyncIterable(f"guard() needs an async iterable, got {type(stream).__name__}")
+    return aiter_
 
 
 def spawn(aw: Awaitable[Any]) -> asyncio.Future[Any]:

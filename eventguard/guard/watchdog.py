@@ -10,9 +10,10 @@ fires, never on the hot path. A step may run in a task of its own (as under
 ``asyncio.wait_for(anext(it), t)`` or the host's wind-down loop): the task that took the first step is
 looked at first, then every task of the loop; a task that merely awaits another task is not inside it.
 
-The take-back follows ``asyncio.timeout``: the task's ``cancelling()`` count is noted before the
-cancel, and only our own cancel is undone; when an outside cancel arrives at the same time, that one
-wins and propagates.
+The take-back follows ``asyncio.timeout``: only our own cancel is undone; when an outside cancel
+arrives at the same time, that one wins and propagates. The cancel is only ever sent to a task with no
+cancel pending (one on its way ends the wait anyway), so the count ``asyncio.timeout`` notes before its
+cancel is zero here, and our cancel alone is a count of one.
 
 The one cancel it may send has a state, one value (as httpx's ``ClientState``)::
 
@@ -31,7 +32,7 @@ import gc
 import logging
 import sys
 import weakref
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from enum import Enum
 from types import AsyncGeneratorType, CoroutineType, GeneratorType
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -71,7 +72,7 @@ class Watched(Protocol):
 class Watchdog:
     """The stuck-stream watchdog of one guard, and the books of the one cancel it may send."""
 
-    __slots__ = ("_cancelling_before", "cancel", "first_task", "stuck_task", "task")
+    __slots__ = ("cancel", "first_task", "stuck_task", "task")
 
     def __init__(self) -> None:
         #: The watchdog's own task, once started.
@@ -80,9 +81,8 @@ class Watchdog:
         self.first_task: asyncio.Task[Any] | None = None
         #: Where the stuck-stream cancel is (see StuckCancel).
         self.cancel = StuckCancel.NOT_SENT
-        #: The task the stuck-stream cancel was sent to, while that is handled.
+        #: The task the stuck-stream cancel was sent to, while that is handled (None unless SENT).
         self.stuck_task: asyncio.Task[Any] | None = None
-        self._cancelling_before = 0
 
     def start(self, loop: asyncio.AbstractEventLoop, guard: Watched, host: Host, grace: float) -> None:
         """Start watching, from the guard's first step (the current task is where it looks first)."""
@@ -122,8 +122,8 @@ class Watchdog:
         return self.cancel is StuckCancel.SENT
 
     def cancel_stuck(self, task: asyncio.Task[Any]) -> None:
-        """Cancel just the stuck await of ``task``, as ``asyncio.timeout`` does, noting its count."""
-        self._cancelling_before = task.cancelling()
+        """Cancel just the stuck await of ``task`` (which has no other cancel pending), as
+        ``asyncio.timeout`` does."""
         self.cancel = StuckCancel.SENT
         self.stuck_task = task
         task.cancel(msg=STUCK_MESSAGE)
@@ -133,11 +133,12 @@ class Watchdog:
 
         Our own cancel is undone; if someone else cancelled too, theirs stands and propagates.
         """
-        if not self.cancel_pending or task is None or task is not self.stuck_task:
+        if task is None or task is not self.stuck_task:  # stuck_task is None unless our cancel is pending
             return False
         self.cancel = StuckCancel.HANDLED
         self.stuck_task = None
-        return task.uncancel() <= self._cancelling_before
+        # The count was zero before our cancel: back at zero, ours was the only one.
+        return not task.uncancel()
 
     def on_grace(self, gen: AsyncGeneratorType[Any, None] | None, referee: Referee, grace: float) -> bool:
         """``grace`` after the cause, the guard not finished. True when a stuck await was cancelled and
@@ -158,7 +159,7 @@ class Watchdog:
                     "recorded without it, the consumer stays blocked until the inner stream returns"
                 )
                 return False
-            if task.cancelling() > 0:
+            if task.cancelling():
                 # A cancel is already on its way to that await (a timeout, the host): it ends the
                 # wait anyway, and ours could not be told apart from it when it arrives.
                 return False
@@ -171,13 +172,15 @@ class Watchdog:
         referee.abandoned(grace)
         return False
 
-    def on_second_grace(self, gen: AsyncGeneratorType[Any, None] | None, referee: Referee) -> None:
+    def on_second_grace(self, referee: Referee) -> None:
         """A second ``grace`` after our cancel, the guard not finished."""
-        if not self.cancel_pending or gen is None or gen.ag_await is None or self.stuck_task is None:
+        if not self.cancel_pending:
             return
-        # The inner stream swallowed the cancel and is waiting again. Nothing short of running
-        # every pull in a task of its own (a cost on every event) can end that wait; record the
-        # ending now, and give the task back the cancel count it had.
+        # Nothing reached the guard since our cancel (no CancelledError: take_back; no event:
+        # give_back; no end of the stream: the guard would be finished), so it is still suspended in
+        # the inner stream's await: the inner stream swallowed the cancel and is waiting again.
+        # Nothing short of running every pull in a task of its own (a cost on every event) can end
+        # that wait; record the ending now, and give the task back the cancel count it had.
         self.give_back()
         referee.record_stuck(
             f"{STUCK_MESSAGE}; it swallowed the cancel and is still waiting: ending recorded "
@@ -185,13 +188,28 @@ class Watchdog:
         )
         log.warning("eventguard: %s", STUCK_MESSAGE + " and swallowed the cancel")
 
+    def off_the_hot_path(self, referee: Referee) -> Callable[[Any], Any]:
+        """What the guard does with an event off the hot path: what to forward (or DROP)."""
+        event = referee.event
+        swallowed = referee.swallowed_cancel
+
+        def slow(e: Any) -> Any:
+            if self.cancel_pending:
+                # The inner stream swallowed our cancel and produced an event: give its task back the
+                # cancel count it had (our books); the referee decides what the event means.
+                self.give_back()
+                return swallowed(e)
+            return event(e)
+
+        return slow
+
     def give_back(self) -> None:
         """The inner stream swallowed our cancel: give its task back the cancel count it had."""
         self.cancel = StuckCancel.HANDLED
         task = self.stuck_task
         self.stuck_task = None
-        if task is not None and task.cancelling() > self._cancelling_before:
-            task.uncancel()
+        if task is not None:
+            task.uncancel()  # ours, still counted: the stream swallowed it (a no-op at zero)
 
 
 async def _probe() -> AsyncGenerator[None, None]:
@@ -207,9 +225,7 @@ def _step_wrapper_types() -> tuple[type, ...]:
         made = [gen.asend(None), gen.athrow(GeneratorExit()), anext(gen, None)]
         kinds = tuple({type(m) for m in made})
         for m in made:
-            close = getattr(m, "close", None)
-            if close is not None:
-                close()
+            m.close()
     finally:
         sys.set_asyncgen_hooks(*hooks)
     return kinds

@@ -19,11 +19,11 @@ so what is stored is exactly what SQLAlchemy would store.
 first: the upsert stores its ``stream_id`` in the row. The upsert leaves the row alone when it
 holds another stream's id for the same attempt, and the read-back judges that batch a
 :class:`Duplicate`: the second stream is refused as a whole. Its row update, events,
-transitions and anomalies are not applied to the owner's history; each of its batches goes to
+transitions and anomalies are not applied to the holder's history; each of its batches goes to
 the quarantine (origin ``duplicate``, every event with its payload) in the same transaction, and
-one ``duplicate_stream`` anomaly (source ``sink``) is written on the owning response, once per
+one ``duplicate_stream`` anomaly (source ``sink``) is written on the holder's response, once per
 refused stream. The database decides (the conditional upsert, then the read-back), never a check
-in Python alone, so two replicas racing for one id get one owner. Exceptions:
+in Python alone, so two replicas racing for one id get one holder. Exceptions:
 
 - a higher attempt (a recovered re-entry) is a new attempt: it takes the row over, as before;
 - an attempt another stream left ``interrupted`` is taken over by the next stream that carries it
@@ -34,8 +34,8 @@ in Python alone, so two replicas racing for one id get one owner. Exceptions:
   ``<shift>`` higher than its lifecycle says. Its batches written before it knew (spooled, or in
   flight) are judged against that row and renumbered the same way in the write, and its recorder
   renumbers what it collects from then on. A second stream that carries the same lifecycle
-  attempt while the new owner's row is not interrupted is renumbered the same way and is a
-  duplicate of it, as above (two replicas recovering one response at once get one owner). The
+  attempt while the new holder's row is not interrupted is renumbered the same way and is a
+  duplicate of it, as above (two replicas recovering one response at once get one holder). The
   row names only its current stream: a batch of the interrupted stream itself, replayed from a
   spool after the takeover, cannot be told from such a second stream and is a duplicate too;
 - a batch without a ``stream_id`` (a spool older than it) counts as the row's own stream, and
@@ -67,10 +67,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.pool import NullPool
 
-from eventguard import telemetry
 from eventguard.lifecycle import AnomalyKind
 from eventguard.sink import quarantine
-from eventguard.sink.batch import Batch
+from eventguard.sink.batch import Batch, sink_anomaly
 from eventguard.sink.serialise import encode_value
 from eventguard.sql.classify import reason
 from eventguard.sql.engine import PreSerialised
@@ -104,18 +103,19 @@ class Refusal:
 
 @dataclass(frozen=True, slots=True)
 class Duplicate:
-    """A batch of a stream that carried a response id and attempt another stream owns."""
+    """A batch of a stream that carried a response id and attempt another stream holds."""
 
     response_id: str
     attempt: int
     stream_id: str
-    owner_stream: str
+    #: The stream that holds the attempt (the anomaly payload's ``owner_stream`` key, kept as it was).
+    holder_stream: str
 
     @property
     def reason(self) -> str:
         return (
             f"stream {self.stream_id} carried response {self.response_id!r} attempt {self.attempt}, "
-            f"which stream {self.owner_stream} owns: refused as a whole, kept in the quarantine"
+            f"which stream {self.holder_stream} holds: refused as a whole, kept in the quarantine"
         )
 
 
@@ -672,56 +672,39 @@ async def note_refused(conn: AsyncConnection, batch: Batch, reason: str, key: st
     if found.first() is None:
         return False
     reason = f"{reason}; kept in the quarantine table"
-    telemetry.report_anomaly(batch.response_id, batch.attempt, AnomalyKind.SINK_REFUSED, reason)
-    row = {
-        "response_id": batch.response_id,
-        "attempt": batch.attempt,
-        "source": "sink",
-        "idx": sink_idx(f"sink_refused:{key}"),
-        "kind": AnomalyKind.SINK_REFUSED.value,
-        "reason": reason,
-        "at": datetime.now(UTC),
-        "event_type": None,
-        "event_index": None,
-        "payload": None,
-    }
+    idx = sink_idx(f"sink_refused:{key}")
+    row = sink_anomaly(
+        batch.response_id, batch.attempt, AnomalyKind.SINK_REFUSED, reason, idx, datetime.now(UTC)
+    )
     await _insert(conn, anomalies, _dict_rows(conn.dialect, anomalies, [row]))
     return True
 
 
 def _duplicate_anomaly(dup: Duplicate) -> dict[str, Any]:
     text = quarantine.text
-    telemetry.report_anomaly(dup.response_id, dup.attempt, AnomalyKind.DUPLICATE_STREAM, dup.reason)
-    return {
-        "response_id": dup.response_id,
-        "attempt": dup.attempt,
-        "source": "sink",
-        "idx": sink_idx(f"duplicate_stream:{dup.stream_id}"),
-        "kind": AnomalyKind.DUPLICATE_STREAM.value,
-        "reason": text(dup.reason),
-        "at": datetime.now(UTC),
-        "event_type": None,
-        "event_index": None,
-        "payload": PreSerialised(
-            orjson.dumps({"stream_id": text(dup.stream_id), "owner_stream": text(dup.owner_stream)}).decode()
+    return sink_anomaly(
+        dup.response_id,
+        dup.attempt,
+        AnomalyKind.DUPLICATE_STREAM,
+        text(dup.reason),
+        sink_idx(f"duplicate_stream:{dup.stream_id}"),
+        datetime.now(UTC),
+        payload=PreSerialised(
+            orjson.dumps({"stream_id": text(dup.stream_id), "owner_stream": text(dup.holder_stream)}).decode()
         ),
-    }
+    )
 
 
 def _refusal_anomaly(batch: Batch, refusal: Refusal, refused: list[dict[str, Any]]) -> dict[str, Any]:
-    telemetry.report_anomaly(batch.response_id, batch.attempt, AnomalyKind.SINK_REFUSED, refusal.reason)
-    return {
-        "response_id": batch.response_id,
-        "attempt": batch.attempt,
-        "source": "sink",
-        "idx": batch.refusal_idx,
-        "kind": AnomalyKind.SINK_REFUSED.value,
-        "reason": refusal.reason,
-        "at": datetime.now(UTC),
-        "event_type": None,
-        "event_index": None,
-        "payload": encode_value(refused) if refused else None,
-    }
+    return sink_anomaly(
+        batch.response_id,
+        batch.attempt,
+        AnomalyKind.SINK_REFUSED,
+        refusal.reason,
+        batch.refusal_idx,
+        datetime.now(UTC),
+        payload=encode_value(refused) if refused else None,
+    )
 
 
 # -- what applying came to, across writes ------------------------------------------------------------

@@ -44,6 +44,8 @@ from typing import Any, TypeAlias
 import orjson
 from sqlalchemy import JSON, Boolean, Column, DateTime, Float, Integer, String, Table
 
+from eventguard import telemetry
+from eventguard.lifecycle import AnomalyKind
 from eventguard.sql.engine import PreSerialised
 from eventguard.sql.tables import anomalies, responses, transitions
 
@@ -55,6 +57,35 @@ RawEvent: TypeAlias = tuple[int, int, str | None, object]
 #: The marker of a batch whose strings are written as their UTF-8 bytes (see the module docstring).
 _STRINGS_KEY = "strings"
 _STRINGS_BYTES = "utf8-bytes"
+
+
+def sink_anomaly(
+    response_id: str,
+    attempt: int,
+    kind: AnomalyKind,
+    reason: str,
+    idx: int | None,
+    at: datetime,
+    *,
+    event_type: str | None = None,
+    event_index: int | None = None,
+    payload: Any = None,
+) -> dict[str, Any]:
+    """An ``anomalies`` row the sink adds itself (``source`` ``sink``), said the moment it is made, as
+    the guard's anomalies are (:func:`eventguard.telemetry.report_anomaly`)."""
+    telemetry.report_anomaly(response_id, attempt, kind, reason, event_type)
+    return {
+        "response_id": response_id,
+        "attempt": attempt,
+        "source": "sink",
+        "idx": idx,
+        "kind": kind.value,
+        "reason": reason,
+        "at": at,
+        "event_type": event_type,
+        "event_index": event_index,
+        "payload": payload,
+    }
 
 
 class BatchFormatError(ValueError):

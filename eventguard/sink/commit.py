@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol, cast
@@ -87,6 +88,7 @@ class Committer:
         # batch is, when it is written.
         renumbered = None if replay else self._renumbered
         thread = self._thread()
+        started = time.perf_counter()  # for stats.on_write: the write-duration metric
         async with asyncio.timeout(self._config.write_timeout):
             if thread is None:
                 async with self._engine().begin() as conn:
@@ -95,6 +97,8 @@ class Committer:
                 written = await self._on_thread(
                     thread, batches, rows=rows, replay=replay, renumbered=renumbered
                 )
+        if self._stats.on_write is not None:
+            self._stats.on_write(time.perf_counter() - started)
         if rows:
             self._stats.batches_written += len(batches) - len(written.duplicates)
         self._stats.events_written += written.events

@@ -5,9 +5,9 @@ Three origins (the ``origin`` column):
 - ``write``: the database refused the content (a NUL in a TEXT column, a value out of range, a
   constraint); the writer split the group until the refused batch (or the refused events and
   anomalies within it) was isolated, wrote the rest, and put this here.
-- ``spool``: a spool record that could not be read back (a torn line, a foreign format).
+- ``spool``: a spool entry that could not be read back (a torn line, a foreign format).
 - ``duplicate``: a batch of a second stream that carried a response id and attempt another
-  stream owns (see :mod:`eventguard.sink.apply`): none of it is applied to the owner's history.
+  stream owns (see :mod:`eventguard.sink.apply`): none of it is applied to the holder's history.
 
 ``record`` is the refused content as JSON text made of ASCII only (``json.dumps(...,
 ensure_ascii=True)``): a NUL is the six characters ``\\u0000``, a lone surrogate ``\\udcff``, so

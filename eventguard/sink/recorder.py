@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 from sqlalchemy import Column, String
 
-from eventguard import telemetry
 from eventguard.lifecycle import AnomalyKind, Lifecycle
-from eventguard.sink.batch import Batch
+from eventguard.sink.batch import Batch, sink_anomaly
 from eventguard.sink.serialise import JSON_OPTIONS, NUL, encode
 from eventguard.sql import storable
 from eventguard.sql.engine import PreSerialised
@@ -526,20 +525,18 @@ class SqlRecorder:
         seq: int | None,
         payload: PreSerialised | None = None,
     ) -> dict[str, Any]:
-        # Said when it is recorded, as the guard's anomalies are (eventguard.telemetry).
-        telemetry.report_anomaly(rid, attempt, AnomalyKind(kind), reason, etype)
-        return {
-            "response_id": rid,
-            "attempt": attempt,
-            "source": "sink",
-            "idx": self._next_sink_idx(),
-            "kind": kind,
-            "reason": reason,
-            "at": at,
-            "event_type": etype,
-            "event_index": seq,
-            "payload": payload,
-        }
+        idx = self._next_sink_idx()
+        return sink_anomaly(
+            rid,
+            attempt,
+            AnomalyKind(kind),
+            reason,
+            idx,
+            at,
+            event_type=etype,
+            event_index=seq,
+            payload=payload,
+        )
 
     def _row(self, now: datetime) -> dict[str, Any]:
         lc = self.lifecycle

@@ -265,7 +265,7 @@ def _bad_entry(entry: Any) -> QuarantineRecord:
     raw = getattr(entry, "raw", b"")
     return quarantine.entry(
         "spool",
-        f"unreadable spool record: {getattr(entry, 'reason', entry)}",
+        f"unreadable spool entry: {getattr(entry, 'reason', entry)}",
         {
             "path": str(getattr(entry, "path", "")),
             "line": getattr(entry, "line", None),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import traceback as _traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from eventguard.sink import quarantine
@@ -49,6 +49,9 @@ class SinkStats:
     unexpected_errors: int = 0
     #: Batches that could be kept nowhere (spool and quarantine file both failed): logged.
     lost: int = 0
+    #: Told the seconds each committed write transaction took (``eventguard.telemetry`` sets it:
+    #: the ``eventguard.sink.write.duration`` histogram); None: not timed.
+    on_write: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
 
 
 class Reporter:

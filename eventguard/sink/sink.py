@@ -24,6 +24,7 @@ from typing import Literal, TypeAlias
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from eventguard import telemetry
 from eventguard.lifecycle import Lifecycle
 from eventguard.sink import quarantine
 from eventguard.sink.filter import EventFilter, EventMode, EventPredicate
@@ -156,6 +157,7 @@ class SqlSink:
         spool = Spool(Path(spool_path) if spool_path is not None else self._default_spool())
         #: The writer: the recorders' sink, one task per event loop, the spool's replay.
         self.writer = Writer(config, spool, self.stats)
+        telemetry.watch_sink(self)  # its metrics, when OpenTelemetry is installed
 
     def _default_spool(self) -> Path:
         path = _db.sqlite_path(self.url)
@@ -179,6 +181,11 @@ class SqlSink:
     def engine(self) -> AsyncEngine:
         """The current event loop's engine (each loop has its own: a pool is bound to its loop)."""
         return self.writer.engine
+
+    @property
+    def buffered(self) -> int:
+        """Events recorded and not yet taken by the writer: its queue depth (at most ``max_buffered``)."""
+        return self.writer._buffered  # the writer's own count, kept on its hot path
 
     @property
     def ready(self) -> bool:

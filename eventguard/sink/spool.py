@@ -105,27 +105,27 @@ def _decode(line: bytes, length: int) -> Batch | str:
     if line.startswith(b"EG"):
         version = _VERSION.match(line)
         if version is None:
-            return "not a spool record: 'EG' is not followed by a format version and a space"
+            return "not a spool entry: 'EG' is not followed by a format version and a space"
         number = int(version.group(1))
         if number > FORMAT_VERSION:
             return (
-                f"record format version {number} (written by a newer eventguard: replay it with that"
+                f"entry format version {number} (written by a newer eventguard: replay it with that"
                 f" one): this eventguard reads versions 0 and {FORMAT_VERSION}"
             )
         if number != FORMAT_VERSION:
-            return f"unknown record format version {number} (version 0 records have no header)"
+            return f"unknown entry format version {number} (version 0 entries have no header)"
         header = _HEADER.match(line)
         if header is None:
-            return "torn or garbled record header: expected 'EG1 <length> <crc32> '"
+            return "torn or garbled entry header: expected 'EG1 <length> <crc32> '"
         declared = int(header.group(1))
         found = length - header.end()
         if found < declared:
-            return f"torn record: {found} of its {declared} bytes (cut short: a crash, a full disk)"
+            return f"torn entry: {found} of its {declared} bytes (cut short: a crash, a full disk)"
         if found > declared:
-            return f"garbled record: {found} bytes where its header says {declared}"
+            return f"garbled entry: {found} bytes where its header says {declared}"
         body = line[header.end() :]
         if zlib.crc32(body) != int(header.group(2), 16):
-            return "checksum mismatch: the record's bytes changed after it was written"
+            return "checksum mismatch: the entry's bytes changed after it was written"
         try:
             return Batch.from_json(body)
         except BatchFormatError as exc:
@@ -135,7 +135,7 @@ def _decode(line: bytes, length: int) -> Batch | str:
             return Batch.from_json(line)
         except BatchFormatError as exc:
             return f"version-0 line that is not a batch: {exc}"
-    return "not a spool record: neither 'EG<version> ...' nor a version-0 JSON object"
+    return "not a spool entry: neither 'EG<version> ...' nor a version-0 JSON object"
 
 
 def _keep(head: bytes) -> int:

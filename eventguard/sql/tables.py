@@ -184,9 +184,9 @@ anomalies = Table(
     Index(None, "at"),
 )
 
-#: What the sink could not store, with why: the database refused it (``write``), a spool record
+#: What the sink could not store, with why: the database refused it (``write``), a spool entry
 #: could not be read (``spool``), or a second stream carried a response id and attempt another
-#: stream owns (``duplicate``). ``record`` is the refused content as ASCII JSON text, so it is
+#: stream holds (``duplicate``). ``record`` is the refused content as ASCII JSON text, so it is
 #: always storable (a NUL or a lone surrogate is an escape there); ``response_id`` is as given,
 #: made storable the same way. No index on it: an id of any length must go in.
 QUARANTINE_ORIGINS = ("write", "spool", "duplicate")
@@ -289,6 +289,13 @@ provider_links = Table(
 #: History item ids as a shared, content-addressed list: a node is (its parent, one id), keyed by
 #: the SHA-256 of the whole list up to it, so two responses whose histories share a prefix share
 #: its nodes, and turn n of a chain adds only the ids turn n-1 added (O(n) rows, not O(n^2)).
+#:
+#: Nodes are grouped in runs (migration 0004): a run is a stretch of nodes each the child of the
+#: one before, named by its first node, whose ``parent`` is where the run branches off another.
+#: A child joins its parent's run while the parent is the run's last node; a second child of one
+#: node (a branch) starts a run of its own. So a history is read by ranges, ``(run, depth <= d)``
+#: for the run it ends in and each run it branched from, not node by node: a 1,000-turn chain is
+#: one run, one index range.
 provider_history = Table(
     f"{PREFIX}provider_history",
     metadata,
@@ -296,6 +303,12 @@ provider_history = Table(
     Column("parent", KEY),
     Column("depth", Integer, nullable=False),
     Column("item_id", Text, nullable=False),
+    # The run's first node (see above): one node per (run, depth).
+    Column("run", KEY, nullable=False),
+    # The SHA-256 of the exact id (as provider_items.item_key): what retention asks in SQL.
+    Column("item_key", KEY, nullable=False),
+    Index(None, "run", "depth", unique=True),
+    Index(None, "item_key"),
 )
 
 provider_conversations = Table(
@@ -309,4 +322,30 @@ provider_conversations = Table(
     UniqueConstraint(
         "partition", "conversation_key", "response_key", name="uq_eventguard_provider_conversations_member"
     ),
+)
+
+
+# -- eventguard.replicas (migration 0005): one row per response id and partition a replica ran -----
+leases = Table(
+    f"{PREFIX}leases",
+    metadata,
+    Column("partition", String(64), nullable=False),
+    Column("response_key", String(64), nullable=False),
+    # The exact id, JSON-encoded (any string the host accepts round-trips).
+    Column("response_id", Text, nullable=False),
+    Column("owner", String(255), nullable=False),
+    # Bumped on every takeover: a write carrying an older token is refused by the database.
+    Column("fencing_token", BigInteger, nullable=False),
+    Column("state", String(16), nullable=False),
+    # Seconds since the epoch, by the database's clock (never a replica's).
+    Column("lease_expires", Float, nullable=False),
+    Column("cancel_requested", Float),
+    Column("cancel_headers", Text),
+    Column("cancel_delivered", Float),
+    Column("ended_status", String(16)),
+    Column("ended_by", String(255)),
+    Column("ended_at", Float),
+    PrimaryKeyConstraint("partition", "response_key", name="pk_eventguard_leases"),
+    Index("ix_eventguard_leases_owner_state", "owner", "state"),
+    Index("ix_eventguard_leases_state_expires", "state", "lease_expires"),
 )

@@ -94,3 +94,26 @@ def test_every_command_reads_and_writes_the_schema_it_is_given(pg_schema: str, t
     assert stamped.exit_code == 0, stamped.output
     down = cli("db", "downgrade", "base", "--schema", pg_schema, "--json")
     assert down.exit_code == 0 and json.loads(down.stdout)["after"] == []
+
+
+def test_the_demo_stores_its_responses_in_the_schema_it_is_given(pg_schema: str) -> None:
+    """Issue 14: every other command had --schema; the demo wrote to the search path's schema."""
+    cli = Cli(PG_URL)
+    demo = cli("demo", "--schema", pg_schema, "--json")
+    assert demo.exit_code == 0, demo.output
+    ids = [row["response_id"] for row in json.loads(demo.stdout)["responses"]]
+    assert len(ids) == 5
+
+    async def stored() -> list[str]:
+        async with asyncio.timeout(STEP):
+            conn = await asyncpg.connect(PG_DSN)
+            try:
+                query = f'SELECT response_id FROM "{pg_schema}".eventguard_responses ORDER BY pk'
+                rows = await conn.fetch(query)
+            finally:
+                await conn.close()
+        return [row["response_id"] for row in rows]
+
+    assert asyncio.run(stored()) == ids
+    verified = cli("verify", "--schema", pg_schema, "--json")
+    assert verified.exit_code == 0 and json.loads(verified.stdout)["checked"] == 5

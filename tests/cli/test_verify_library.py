@@ -13,7 +13,7 @@ from sqlalchemy import event
 
 from eventguard.errors import InvalidQueryError
 from eventguard.store import ResponseStore
-from eventguard.verify import Disagreement, VerifyReport, verify
+from eventguard.verify import Disagreement, VerifyReport, check_history, verify
 
 from .conftest import RUNS, STEP, record
 
@@ -76,3 +76,38 @@ async def test_histories_refuses_a_page_size_it_cannot_read(filled: str, batch: 
     async with ResponseStore(filled) as store:
         with pytest.raises(InvalidQueryError, match="batch must be an integer from 1 to 500"):
             [h async for h in store.histories(batch=batch)]
+
+
+async def test_verify_finds_what_check_history_finds_in_each_typed_history(
+    filled: str, tmp_path: Path
+) -> None:
+    """verify checks the rows as read (issue 14's speed-up); check_history checks typed records.
+
+    Every kind of damage at once, a second attempt included: both must report the same.
+    """
+    with sqlite3.connect(tmp_path / "cli.db") as conn:
+        conn.executescript(
+            "UPDATE eventguard_responses SET status = 'completed' WHERE response_id = 'resp_cancel';"
+            "UPDATE eventguard_transitions SET from_state = 'new' "
+            "WHERE response_id = 'resp_done' AND to_state = 'completed';"
+            # resp_boom: a terminal event that does not validate, and a second attempt that
+            # stores an event after its terminal and a transition to an unknown state
+            "UPDATE eventguard_events SET payload = '{\"type\": \"response.failed\"}' "
+            "WHERE response_id = 'resp_boom' AND type = 'response.failed';"
+            "INSERT INTO eventguard_events (response_id, attempt, seq, type, payload, recorded_at) "
+            "SELECT response_id, 2, seq, type, payload, recorded_at FROM eventguard_events "
+            "WHERE response_id = 'resp_boom';"
+            "INSERT INTO eventguard_events (response_id, attempt, seq, type, payload, recorded_at) "
+            "SELECT response_id, 2, 9, 'response.output_text.delta', '{}', recorded_at "
+            "FROM eventguard_events WHERE response_id = 'resp_boom' AND seq = 0 AND attempt = 2;"
+            "INSERT INTO eventguard_transitions "
+            "(response_id, attempt, idx, from_state, to_state, cause, reason, at) "
+            "SELECT response_id, 2, idx, from_state, "
+            "CASE WHEN to_state = 'failed' THEN 'exploded' ELSE to_state END, cause, reason, at "
+            "FROM eventguard_transitions WHERE response_id = 'resp_boom';"
+        )
+    async with ResponseStore(filled) as store:
+        report = await asyncio.wait_for(verify(store, batch=2), STEP)
+        typed = [d async for h in store.histories(batch=2) for d in check_history(h)]
+    assert len({d.response_id for d in typed}) == 3 and len(typed) >= 5, typed
+    assert list(report.disagreements) == typed

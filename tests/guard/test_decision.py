@@ -109,7 +109,7 @@ ROWS = [
 
 
 @pytest.mark.parametrize(("ending", "flags", "options", "forward", "state", "cause"), ROWS)
-def test_row(
+def test_each_row_of_the_table_decides_what_to_forward_the_state_and_the_cause(
     ending: Ending, flags: Flags, options: GuardOptions, forward: Forward, state: State, cause: Cause
 ) -> None:
     d = decide(ending, flags, options)

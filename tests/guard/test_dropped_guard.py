@@ -15,7 +15,7 @@ import contextlib
 import gc
 import weakref
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,17 +24,7 @@ import pytest
 from eventguard import Cause, Lifecycle, State, guard
 from eventguard.testing.streams import host_context, stream_events
 
-BOUND = 5.0
-
-
-class PlainSignal:
-    """A signal that is not an asyncio.Event: the watchdog polls it."""
-
-    def __init__(self) -> None:
-        self.flag = False
-
-    def is_set(self) -> bool:
-        return self.flag
+from .helpers import BOUND, CountingSink, PlainSignal
 
 
 @dataclass
@@ -51,26 +41,6 @@ class Inner:
                 await asyncio.sleep(0)
         finally:
             self.finally_ran += 1
-
-
-@dataclass
-class FlushSink:
-    """A recorder that counts its final flushes."""
-
-    closes: int = 0
-    events: list[int] = field(default_factory=list)
-
-    def recorder(self, lifecycle: Lifecycle) -> FlushSink:
-        return self
-
-    def event(self, index: int, event_type: str | None, event: object) -> None:
-        self.events.append(index)
-
-    def changed(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        self.closes += 1
 
 
 def other_tasks() -> set[asyncio.Task[Any]]:
@@ -174,7 +144,7 @@ async def test_a_guard_dropped_after_its_terminal_keeps_the_terminal() -> None:
 
 
 async def test_a_dropped_guard_flushes_its_recorder_once() -> None:
-    sink = FlushSink()
+    sink = CountingSink()
     inner = Inner(stream_events(5))
     lc, _ = await break_and_drop(inner, asyncio.Event(), cancel_grace=0.05, sink=sink, steps=2)
     await collect_until(lambda: sink.closes > 0 and not other_tasks())

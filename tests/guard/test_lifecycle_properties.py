@@ -47,7 +47,9 @@ def is_terminal(e: Any) -> bool:
     with_context=st.booleans(),
     on_cancel=st.sampled_from(["omit", "emit"]),
 )
-def test_invariants(events: list[Any], flags: dict[int, str], with_context: bool, on_cancel: str) -> None:
+def test_any_events_and_flags_keep_every_lifecycle_invariant(
+    events: list[Any], flags: dict[int, str], with_context: bool, on_cancel: str
+) -> None:
     asyncio.run(_check(events, flags, with_context, on_cancel))
 
 

@@ -351,12 +351,12 @@ async def test_a_run_cancelled_once_the_process_is_exiting_was_stopped_by_shutdo
     # cancels it. That is shutdown, not a client's cancel.
     ctx = host_context(background=True, store=True)
     ctx._task_context = object() if durable else None
-    exiting = threading.Event()
+    process_shutdown = threading.Event()
     inner = Scripted(stream_events(4), before={4: block_ignoring_signal})
-    g = guard(inner, asyncio.Event(), context=ctx, process_shutdown=exiting)
+    g = guard(inner, asyncio.Event(), context=ctx, process_shutdown=process_shutdown)
     task = asyncio.create_task(drain(g))
     await asyncio.sleep(0.05)
-    exiting.set()
+    process_shutdown.set()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -367,9 +367,9 @@ async def test_a_run_cancelled_once_the_process_is_exiting_was_stopped_by_shutdo
 
 async def test_a_run_that_completes_while_the_process_is_exiting_is_completed() -> None:
     # Not told, so not cut short: its completion is whole.
-    exiting = threading.Event()
-    exiting.set()
-    g = guard(Scripted(stream_events(2)), asyncio.Event(), context=host_context(), process_shutdown=exiting)
+    stopping = threading.Event()
+    stopping.set()
+    g = guard(Scripted(stream_events(2)), asyncio.Event(), context=host_context(), process_shutdown=stopping)
     out = await drain(g)
     assert out[-1]["type"] == "response.completed"
     assert g.lifecycle.state is State.COMPLETED

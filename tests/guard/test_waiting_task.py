@@ -324,3 +324,42 @@ async def test_the_watchdog_never_cancels_a_task_it_cannot_see_inside_the_guard(
     last = stop.value.value
     assert (last["type"], last["response"]["status"]) == ("response.failed", "failed")
     assert [a.kind for a in g.lifecycle.anomalies] == ["stuck", "duplicate_terminal"]
+
+
+# -- (d) how far a chain of awaits is followed -----------------------------------------------------
+
+
+async def _awaits_down(depth: int, step: Any) -> Any:
+    """``depth`` coroutines, each awaiting the next, the last awaiting ``step``."""
+    if depth == 0:
+        return await step
+    return await _awaits_down(depth - 1, step)
+
+
+@pytest.mark.parametrize(("depth", "found"), [(0, True), (253, True), (254, False), (400, False)])
+async def test_a_chain_of_awaits_is_followed_256_links_deep_and_no_further(depth: int, found: bool) -> None:
+    """From a task's coroutine to the guard's generator: ``depth + 1`` coroutines, the step's awaitable,
+    then the generator, the 256th link at ``depth`` 253. A chain longer than that is not followed (no
+    stream nests so deep), and is never taken for one that reaches the generator.
+
+    Origin: ``_MAX_CHAIN`` becoming 255 or 257, and ``awaits_through`` answering True past the bound,
+    survived the run over guard/watchdog.py (docs/mutation.md)."""
+    from eventguard.guard.watchdog import awaits_through
+
+    gate = asyncio.get_running_loop().create_future()
+
+    async def gen() -> AsyncIterator[Any]:
+        await gate
+        yield None
+
+    g = gen()
+    task = asyncio.create_task(_awaits_down(depth, anext(g)))
+    try:
+        await asyncio.sleep(0)  # the task is now suspended on the gate, through the whole chain
+        assert g.ag_await is not None
+        assert awaits_through(task, g) is found
+    finally:
+        gate.set_result(None)
+        async with asyncio.timeout(BOUND):
+            await task
+        await g.aclose()

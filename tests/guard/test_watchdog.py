@@ -506,3 +506,78 @@ async def test_a_cancel_swallowed_after_the_terminal_is_logged_and_the_terminal_
     assert any("and swallowed the cancel" in r.getMessage() for r in caplog.records)
     assert [a.kind for a in g.lifecycle.anomalies].count("stuck") == 1
     assert (g.lifecycle.state, g.lifecycle.cause) == (State.CANCELLED, Cause.CLIENT_CANCEL)
+
+
+async def _one_look_no_task_inside(g: Any, signal: asyncio.Event, ctx: Any) -> Any:
+    """A step driven by hand: suspended in the inner stream's await, in no task's chain of awaits."""
+    assert await g.__anext__() is CREATED
+    step = g.__anext__()
+    step.send(None)
+    signal.set()
+    return step
+
+
+async def _one_look_cancel_on_its_way(g: Any, signal: asyncio.Event, ctx: Any) -> Any:
+    """The consumer's task was cancelled, and the inner stream swallowed that cancel and waits again."""
+    task = asyncio.create_task(collect(g))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.sleep(0.01)
+    assert task.cancelling() == 1
+    signal.set()
+    return task
+
+
+async def _one_look_host_stopped(g: Any, signal: asyncio.Event, ctx: Any) -> Any:
+    """The host took one event and stopped iterating."""
+    assert await g.__anext__() is CREATED
+    ctx.client_cancelled = True
+    signal.set()
+    return None
+
+
+@pytest.mark.parametrize(
+    ("scenario", "anomalies"),
+    [
+        (_one_look_no_task_inside, ["stuck"]),
+        (_one_look_cancel_on_its_way, []),
+        (_one_look_host_stopped, ["abandoned"]),
+    ],
+    ids=["no task inside the guard", "a cancel already on its way", "the host stopped iterating"],
+)
+async def test_the_watchdog_ends_after_its_one_look_when_it_sent_no_cancel(
+    scenario: Any, anomalies: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a cancel it sent is worth a second look (did the stream swallow it?): in every other case the
+    watchdog's task ends right after the first ``grace``, and keeps no timer of the loop's.
+
+    Origin: the four ``return False`` of ``Watchdog.on_grace`` becoming ``True`` survived the run over
+    guard/watchdog.py (docs/mutation.md): the watchdog slept a second ``grace`` for nothing."""
+    scheduled = watchdog_timers(asyncio.get_running_loop(), monkeypatch)
+    release = asyncio.Event()
+
+    async def inner() -> AsyncIterator[Any]:
+        yield CREATED
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue  # swallows every cancel (none comes from the watchdog here)
+        yield terminal()
+
+    signal, ctx = asyncio.Event(), host_context(background=False)
+    before = set(watchdog_tasks())
+    g = guard(inner(), signal, context=ctx, cancel_grace=GRACE)
+    async with asyncio.timeout(BOUND):
+        pending = await scenario(g, signal, ctx)
+        [watchdog] = set(watchdog_tasks()) - before
+        await asyncio.wait([watchdog])
+        assert len(scheduled) == 1  # the first grace's sleep, and nothing after it
+        assert [a.kind for a in g.lifecycle.anomalies] == anomalies
+        release.set()
+        if isinstance(pending, asyncio.Task):
+            await pending
+        elif pending is not None:
+            with contextlib.suppress(StopIteration):
+                pending.send(None)
+        await g.aclose()

@@ -4,21 +4,17 @@ real SQLite file and a fresh PostgreSQL schema (dropped after)."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import asyncpg  # type: ignore[import-untyped]
 import pytest
 from azure.ai.agentserver.responses import InMemoryResponseProvider, PlatformContext
 
 from eventguard.provider import SqlResponseProvider
-
-PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
-PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+from tests._postgres import PG_URL, fresh_schema
 
 #: 2.4.0b1 changed the in-memory store: partitions by user, de-duplicated history, ``-1`` = all.
 #: The SQL store keeps those rules on both ends; the 2.2.0b1 reference is skipped for them.
@@ -50,33 +46,10 @@ def ctx(user: str | None) -> PlatformContext:
     return PlatformContext(user_id_key=user)
 
 
-async def _pg_reachable() -> str | None:
-    try:
-        async with asyncio.timeout(5):
-            conn = await asyncpg.connect(PG_DSN)
-            await conn.close()
-    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-        return f"no PostgreSQL at {PG_DSN}: {type(exc).__name__}: {exc}"
-    return None
-
-
 @pytest.fixture
 async def pg_schema() -> AsyncIterator[str]:
-    why = await _pg_reachable()
-    if why is not None:
-        pytest.skip(why)
-    schema = f"eg_prov_{uuid.uuid4().hex[:12]}"
-    async with asyncio.timeout(10):
-        conn = await asyncpg.connect(PG_DSN)
-        await conn.execute(f'CREATE SCHEMA "{schema}"')
-        await conn.close()
-    try:
+    async with fresh_schema("eg_prov") as schema:
         yield schema
-    finally:
-        async with asyncio.timeout(30):
-            conn = await asyncpg.connect(PG_DSN)
-            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
-            await conn.close()
 
 
 @dataclass(frozen=True)

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
-PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+from tests._postgres import PG_DSN, PG_URL, fresh_schema
+from tests._postgres import execute as pg_execute
+from tests._postgres import unreachable as pg_unreachable
+
+__all__ = ["PG_DSN", "PG_URL", "pg_execute", "pg_unreachable"]  # the suite reads them from here
 
 SLOW = os.environ.get("EVENTGUARD_SLOW") == "1"
 #: Long-running parts: run by `bash scripts/reliability.sh slow`, skipped (saying so) otherwise.
@@ -49,41 +51,9 @@ class Db:
     path: Path | None = None  # the SQLite file
 
 
-async def pg_unreachable() -> str | None:
-    import asyncpg  # type: ignore[import-untyped]
-
-    try:
-        async with asyncio.timeout(5):
-            conn = await asyncpg.connect(PG_DSN)
-            await conn.close()
-    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-        return f"no PostgreSQL at {PG_DSN}: {type(exc).__name__}: {exc}"
-    return None
-
-
-async def pg_execute(sql: str, *args: Any) -> Any:
-    import asyncpg
-
-    async with asyncio.timeout(30):
-        conn = await asyncpg.connect(PG_DSN)
-        try:
-            return await conn.fetch(sql, *args)
-        finally:
-            await conn.close()
-
-
-@asynccontextmanager
-async def pg_schema() -> AsyncIterator[str]:
+def pg_schema() -> AbstractAsyncContextManager[str]:
     """A fresh schema, dropped afterwards; skips (with the reason) when no server answers."""
-    why = await pg_unreachable()
-    if why is not None:
-        pytest.skip(why)
-    schema = f"eg_rel_{uuid.uuid4().hex[:12]}"
-    await pg_execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield schema
-    finally:
-        await pg_execute(f'DROP SCHEMA "{schema}" CASCADE')
+    return fresh_schema("eg_rel")
 
 
 @asynccontextmanager

@@ -3,22 +3,17 @@ a response that overflows its sink's buffer."""
 
 from __future__ import annotations
 
-import asyncio
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 from eventguard.lifecycle import Lifecycle, ResponseInfo, State
 from eventguard.sink import SqlRecorder, SqlSink
+from tests._postgres import PG_URL, fresh_schema
 
 from .helpers import delta
-
-PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
-PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 @dataclass(frozen=True)
@@ -29,33 +24,10 @@ class Target:
     spool: Path
 
 
-async def _pg_reachable() -> str | None:
-    try:
-        async with asyncio.timeout(5):
-            conn = await asyncpg.connect(PG_DSN)
-            await conn.close()
-    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-        return f"no PostgreSQL at {PG_DSN}: {type(exc).__name__}: {exc}"
-    return None
-
-
 @pytest.fixture
 async def pg_schema() -> AsyncIterator[str]:
-    why = await _pg_reachable()
-    if why is not None:
-        pytest.skip(why)
-    schema = f"eg_test_{uuid.uuid4().hex[:12]}"
-    async with asyncio.timeout(10):
-        conn = await asyncpg.connect(PG_DSN)
-        await conn.execute(f'CREATE SCHEMA "{schema}"')
-        await conn.close()
-    try:
+    async with fresh_schema("eg_test") as schema:
         yield schema
-    finally:
-        async with asyncio.timeout(30):
-            conn = await asyncpg.connect(PG_DSN)
-            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
-            await conn.close()
 
 
 @pytest.fixture

@@ -17,8 +17,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from eventguard import ResponseStore, SqlSink
+from tests._postgres import PG_URL
 
-from .conftest import PG_URL, Target
+from .conftest import Target
 from .helpers import run_guarded, script
 
 

@@ -32,7 +32,9 @@ async def _one(sink: SqlSink, rid: str) -> int:
 
 
 @pytest.mark.slow
-async def test_200_concurrent_streams(target: Target, caplog: pytest.LogCaptureFixture) -> None:
+async def test_200_concurrent_streams_are_all_stored_with_no_lock_error(
+    target: Target, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.WARNING)
     sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
     async with asyncio.timeout(120):

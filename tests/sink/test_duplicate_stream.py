@@ -79,7 +79,7 @@ async def test_a_second_stream_with_the_same_id_is_refused_as_a_whole(target: Ta
         found = await history(b, rid)
         kept = await quarantine.read(b.engine, response_id=rid)
         await b.engine.dispose()
-    # The owner's history is its own: no B event, not even the seqs A never used (after its terminal).
+    # The holder's history is its own: no B event, not even the seqs A never used (after its terminal).
     assert found["deltas"] == ["A0", "A1", "A2"]
     assert found["seqs"] == list(range(len(first)))
     assert found["last_type"] == "response.completed"

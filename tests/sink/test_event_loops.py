@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg  # type: ignore[import-untyped]
 import pytest
 from sqlalchemy import func, select
 
@@ -22,21 +21,14 @@ from eventguard.errors import SinkLoopError
 from eventguard.sink import SqlSink
 from eventguard.sql import engine as _db
 from eventguard.sql.tables import events, responses
+from tests._postgres import PG_URL, execute, unreachable
 
-from .conftest import PG_DSN, PG_URL, _pg_reachable
 from .helpers import run_guarded, script
 
 
 def _pg_schema() -> Iterator[str]:
-    async def execute(sql: str) -> None:
-        async with asyncio.timeout(30):
-            conn = await asyncpg.connect(PG_DSN)
-            try:
-                await conn.execute(sql)
-            finally:
-                await conn.close()
-
-    why = asyncio.run(_pg_reachable())
+    # Sync (each step its own asyncio.run): the tests here make event loops of their own.
+    why = asyncio.run(unreachable())
     if why is not None:
         pytest.skip(why)
     schema = f"eg_test_{uuid.uuid4().hex[:12]}"

@@ -23,8 +23,9 @@ from eventguard.sink.recorder import SqlRecorder
 from eventguard.sql.classify import ErrorKind, classify
 from eventguard.sql.tables import anomalies, events, responses
 from eventguard.sql.tables import quarantine as quarantine_table
+from tests._postgres import PG_DSN
 
-from .conftest import PG_DSN, Target
+from .conftest import Target
 from .helpers import delta, run_guarded, script
 
 

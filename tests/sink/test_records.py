@@ -44,7 +44,9 @@ def make_sink(target: Target, **kw: Any) -> SqlSink:
         ("lifecycle", {"response.created", "response.in_progress", "response.completed"}),
     ],
 )
-async def test_event_filter(target: Target, store: ResponseStore, mode: str, kept: set[str] | None) -> None:
+async def test_the_event_filter_stores_only_the_events_its_mode_keeps(
+    target: Target, store: ResponseStore, mode: str, kept: set[str] | None
+) -> None:
     evs = script("resp_f", n_deltas=6)
     async with asyncio.timeout(30):
         sink = make_sink(target, events=mode)

@@ -21,8 +21,9 @@ from eventguard.lifecycle import Lifecycle, ResponseInfo, State
 from eventguard.sink import SqlSink
 from eventguard.sink.spool import Spool
 from eventguard.sql.tables import events, responses
+from tests._postgres import PG_DSN, PG_URL
 
-from .conftest import PG_DSN, PG_URL, Overflowing, Target
+from .conftest import Overflowing, Target
 from .helpers import script
 
 

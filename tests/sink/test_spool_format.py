@@ -156,7 +156,7 @@ def v0_line(batch: Batch) -> bytes:
 
 
 def framed(body: bytes, version: int = 1) -> bytes:
-    """``body`` in a well-formed record header (length and checksum right)."""
+    """``body`` in a well-formed entry header (length and checksum right)."""
     return b"EG%d %d %08x %s\n" % (version, len(body), zlib.crc32(body), body)
 
 
@@ -311,9 +311,9 @@ def test_torn_last_line_then_a_new_append(tmp_path: Path, old_format: bool, cut:
     if old_format:
         assert "not JSON" in bad.reason, bad.reason
     elif cut > 5 or cut < 0:  # a header and part of the batch: the length tells it torn
-        assert "torn record" in bad.reason, bad.reason
+        assert "torn entry" in bad.reason, bad.reason
     else:
-        assert "not a spool record" in bad.reason or "header" in bad.reason, bad.reason
+        assert "not a spool entry" in bad.reason or "header" in bad.reason, bad.reason
     assert not list(tmp_path.glob("spool.jsonl.*"))
 
 
@@ -422,7 +422,7 @@ WRONG_SHAPES: dict[str, tuple[bytes, str]] = {
 def test_wrong_shapes_are_bad_entries_with_a_reason(tmp_path: Path, name: str, framing: str) -> None:
     body, reason = WRONG_SHAPES[name]
     if framing == "v0" and not body.startswith(b"{"):
-        reason = "not a spool record"  # a version-0 line is a JSON object, or no record at all
+        reason = "not a spool entry"  # a version-0 line is a JSON object, or no entry at all
     path = tmp_path / "spool.jsonl"
     line = framed(body) if framing == "v1" else body + b"\n"
     path.write_bytes(encode_entry(make_batch("resp_before")) + line + encode_entry(make_batch("resp_after")))
@@ -438,18 +438,18 @@ def test_wrong_shapes_are_bad_entries_with_a_reason(tmp_path: Path, name: str, f
 FILES: dict[str, tuple[bytes, list[str]]] = {
     "empty": (b"", []),
     "only_newlines": (b"\n\n\n", []),
-    "only_a_fragment": (encode_entry(make_batch())[:40], ["torn record"]),
-    "only_a_header_fragment": (b"EG1 12", ["torn or garbled record header"]),
+    "only_a_fragment": (encode_entry(make_batch())[:40], ["torn entry"]),
+    "only_a_header_fragment": (b"EG1 12", ["torn or garbled entry header"]),
     "a_future_version": (
         framed(b'{"whatever": "comes next"}', version=2) + encode_entry(make_batch()),
-        ["record format version 2 (written by a newer eventguard"],
+        ["entry format version 2 (written by a newer eventguard"],
     ),
-    "version_zero_header": (framed(b"{}", version=0), ["unknown record format version 0"]),
-    "eg_without_version": (b"EGG 1 2 3\n", ["not a spool record"]),
-    "longer_than_declared": (b"EG1 2 00000000 {}}\n", ["garbled record: 3 bytes where its header says 2"]),
-    "non_utf8_bytes": (b"\xc3\x28\xa0\xa1\xff\n", ["not a spool record"]),
-    "nul_bytes": (b"\x00" * 4096, ["not a spool record"]),
-    "crlf_line": (encode_entry(make_batch()).replace(b"\n", b"\r\n"), ["garbled record"]),
+    "version_zero_header": (framed(b"{}", version=0), ["unknown entry format version 0"]),
+    "eg_without_version": (b"EGG 1 2 3\n", ["not a spool entry"]),
+    "longer_than_declared": (b"EG1 2 00000000 {}}\n", ["garbled entry: 3 bytes where its header says 2"]),
+    "non_utf8_bytes": (b"\xc3\x28\xa0\xa1\xff\n", ["not a spool entry"]),
+    "nul_bytes": (b"\x00" * 4096, ["not a spool entry"]),
+    "crlf_line": (encode_entry(make_batch()).replace(b"\n", b"\r\n"), ["garbled entry"]),
 }
 
 

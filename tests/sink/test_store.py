@@ -166,3 +166,54 @@ async def test_sql_metacharacters_in_query_arguments_match_nothing(
         assert await store.history(nasty) is None
         assert (await store.anomalies(response_id=nasty, kind=[nasty, "%"])).items == []
         assert len((await store.terminal_states()).items) == 12  # nothing was dropped
+
+
+async def test_recent_lists_every_status_newest_first_and_pages_by_before(
+    filled: tuple[SqlSink, ResponseStore],
+) -> None:
+    """``responses list`` from Python (issue 14): in-progress responses too, newest first."""
+    sink, store = filled
+    async with asyncio.timeout(30):
+        lc = Lifecycle(info=ResponseInfo(response_id="running"))
+        rec = sink.recorder(lc)
+        lc.transition(State.IN_PROGRESS)
+        rec.changed()
+        await sink.flush()
+        newest = await store.recent(limit=3)
+        pages: list[str] = []
+        before = None
+        while page := await store.recent(limit=5, before=before):
+            pages += [r.response_id for r in page]
+            before = page[-1].pk
+        running = await store.recent(status="in_progress")
+        two = await store.recent(status=["failed", "in_progress"])
+        lately = await store.recent(since=datetime.now(UTC) - timedelta(hours=1))
+        future = await store.recent(since=datetime.now(UTC) + timedelta(hours=1))
+        await rec.close()
+    assert [r.response_id for r in newest] == ["running", "r11", "r10"]
+    assert newest[0].status == "in_progress" and newest[0].finished_at is None
+    assert pages == ["running", *(f"r{i:02d}" for i in reversed(range(12)))]
+    assert [r.response_id for r in running] == ["running"]
+    assert [r.response_id for r in two] == ["running", "r10", "r07", "r04", "r01"]
+    assert len(lately) == 13 and future == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"status": "done"}, "unknown status"),
+        ({"limit": 0}, "limit"),
+        ({"limit": 10_001}, "limit"),
+        ({"before": -1}, "row key"),
+        ({"before": True}, "row key"),
+        ({"before": "1 OR 1=1"}, "row key"),
+        ({"since": "2020-01-01"}, "datetime"),
+    ],
+)
+async def test_recent_refuses_arguments_it_cannot_read(
+    filled: tuple[SqlSink, ResponseStore], kwargs: dict[str, Any], message: str
+) -> None:
+    _, store = filled
+    async with asyncio.timeout(10):
+        with pytest.raises(InvalidQueryError, match=message):
+            await store.recent(**kwargs)

@@ -5,25 +5,21 @@ the client reads back."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg  # type: ignore[import-untyped]
 import openai
 import pytest
 
 from eventguard import ResponseStore, SqlSink
 from eventguard.testing import ScriptedChatClient, chat_agent, workflow_agent
+from tests._postgres import PG_URL, fresh_schema
 
 from ._drivers import STEP, wait_for
 from .test_loopback_openai import openai_client, serving
 
 pytestmark = [pytest.mark.upstream]
-
-PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
-PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -31,19 +27,8 @@ async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
     if request.param == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path / 'e2e.db'}", None
         return
-    try:
-        async with asyncio.timeout(5):
-            conn = await asyncpg.connect(PG_DSN)
-    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-        pytest.skip(f"no PostgreSQL server reachable at {PG_DSN}: {type(exc).__name__}: {exc}")
-    schema = f"eg_e2e_{uuid.uuid4().hex[:12]}"
-    await conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
+    async with fresh_schema("eg_e2e") as schema:
         yield PG_URL, schema
-    finally:
-        async with asyncio.timeout(30):
-            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
-            await conn.close()
 
 
 def guarded(agent: Any, sink: SqlSink) -> Any:

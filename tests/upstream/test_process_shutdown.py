@@ -32,9 +32,9 @@ def build(**kwargs: object) -> Server:
 
 async def test_request_shutdown_is_seen_by_the_guards_and_still_reaches_the_host() -> None:
     s = build()
-    assert not s._eventguard_exiting.is_set()
+    assert not s._eventguard_process_shutdown.is_set()
     s.request_shutdown()
-    assert s._eventguard_exiting.is_set()
+    assert s._eventguard_process_shutdown.is_set()
     assert s._endpoint._shutdown_requested.is_set()
 
 
@@ -43,8 +43,8 @@ async def test_the_lifespans_shutdown_is_seen_and_the_hosts_own_handler_still_ru
     before = Server.cleaned
     async with asyncio.timeout(30):
         async with s.router.lifespan_context(s):
-            assert not s._eventguard_exiting.is_set()
-    assert s._eventguard_exiting.is_set()
+            assert not s._eventguard_process_shutdown.is_set()
+    assert s._eventguard_process_shutdown.is_set()
     assert Server.cleaned == before + 1
 
 
@@ -61,7 +61,7 @@ async def test_the_lifespans_shutdown_is_seen_without_a_graceful_drain_and_with_
     async with asyncio.timeout(30):
         async with s.router.lifespan_context(s):
             pass
-    assert s._eventguard_exiting.is_set()
+    assert s._eventguard_process_shutdown.is_set()
 
 
 async def test_a_new_lifetime_of_the_app_starts_with_the_flag_clear() -> None:
@@ -69,7 +69,7 @@ async def test_a_new_lifetime_of_the_app_starts_with_the_flag_clear() -> None:
     s.request_shutdown()
     async with asyncio.timeout(30):
         async with s.router.lifespan_context(s):
-            assert not s._eventguard_exiting.is_set()
+            assert not s._eventguard_process_shutdown.is_set()
 
 
 async def test_the_hosts_sigterm_callbacks_tell_the_guards_before_the_drain() -> None:
@@ -79,4 +79,4 @@ async def test_the_hosts_sigterm_callbacks_tell_the_guards_before_the_drain() ->
     s = build()
     for callback in s._pre_shutdown_callbacks:
         callback()
-    assert s._eventguard_exiting.is_set()
+    assert s._eventguard_process_shutdown.is_set()

@@ -23,19 +23,17 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import asyncpg  # type: ignore[import-untyped]
 import httpx
 import openai
 import pytest
 
 from eventguard import ResponseStore
 from eventguard.testing import wait_until
+from tests._postgres import PG_URL, fresh_schema
 
 pytestmark = [pytest.mark.upstream]
 
 ROOT = Path(__file__).resolve().parents[2]
-PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
-PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 STEP = 30.0
 #: The host recovers resilient runs on 2.4.0b1; on 2.2.0b1 exit_for_recovery fails the task instead
 #: (see tests/upstream/test_host_rows.py), so there is no recovery to observe there.
@@ -53,19 +51,8 @@ async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
     if request.param == "sqlite":
         yield Database(f"sqlite:///{tmp_path / 'e2e.db'}", None)
         return
-    try:
-        async with asyncio.timeout(5):
-            conn = await asyncpg.connect(PG_DSN)
-    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-        pytest.skip(f"no PostgreSQL server reachable at {PG_DSN}: {type(exc).__name__}: {exc}")
-    schema = f"eg_pe2e_{uuid.uuid4().hex[:12]}"
-    await conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
+    async with fresh_schema("eg_pe2e") as schema:
         yield Database(PG_URL, schema)
-    finally:
-        async with asyncio.timeout(30):
-            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
-            await conn.close()
 
 
 def _free_port() -> int:
@@ -93,8 +80,19 @@ async def _read_lines(proc: asyncio.subprocess.Process, lines: list[str]) -> Non
 
 
 @asynccontextmanager
-async def lifetime(db: Database, state_root: Path, runner: str, which: str) -> AsyncIterator[Lifetime]:
-    """Start a server process, wait until it answers, yield it; then SIGTERM it and wait for its exit."""
+async def lifetime(
+    db: Database,
+    state_root: Path,
+    runner: str,
+    which: str,
+    *,
+    module: str = "tests.upstream._provider_child",
+    args: tuple[str, ...] | None = None,
+) -> AsyncIterator[Lifetime]:
+    """Start a server process, wait until it answers, yield it; then SIGTERM it and wait for its exit.
+
+    ``module`` and ``args`` start another child (the replica tests'); a process the body killed
+    (SIGKILL) is only waited for."""
     port = _free_port()
     env = {
         **os.environ,
@@ -103,10 +101,10 @@ async def lifetime(db: Database, state_root: Path, runner: str, which: str) -> A
         "AGENTSERVER_SHUTDOWN_GRACE_SECONDS": "2",
     }
     stderr_path = state_root / f"{which}-{port}.stderr"
-    args = [db.url, db.schema or "-", str(port), runner, which]
+    args = [db.url, db.schema or "-", str(port), *(args if args is not None else (runner, which))]
     with stderr_path.open("w") as errors:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tests.upstream._provider_child", *args,
+            sys.executable, "-m", module, *args,
             cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=errors,
         )  # fmt: skip
     lines: list[str] = []
@@ -130,6 +128,8 @@ async def lifetime(db: Database, state_root: Path, runner: str, which: str) -> A
             await reader
     # Only after a body that did not raise: its own error says more than the exit code.
     tail = stderr_path.read_text()[-3000:]
+    if code == -signal.SIGKILL:
+        return  # killed by the test: nothing to close
     # uvicorn re-raises the SIGTERM it handled gracefully (exit by the signal); server.run() returns.
     expected = 0 if runner == "run" else -signal.SIGTERM
     assert code == expected, (code, lines, tail)

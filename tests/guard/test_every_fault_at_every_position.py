@@ -50,7 +50,7 @@ def expected_state(fault: str, i: int) -> State:
 
 @pytest.mark.parametrize("i", POSITIONS)
 @pytest.mark.parametrize("fault", FAULTS)
-async def test_fault(fault: str, i: int) -> None:
+async def test_a_fault_at_any_position_ends_in_the_state_its_cause_calls_for(fault: str, i: int) -> None:
     events = stream_events(EVENTS - 3)
     assert len(events) == EVENTS
     signal = asyncio.Event()

@@ -1,0 +1,49 @@
+"""The settings of a replica (leases, heartbeat, reaper, cancel relay)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaOptions:
+    """How one replica holds and gives up its responses.
+
+    - ``identity``: this replica's name in the lease rows (default :func:`default_identity`).
+    - ``lease``: seconds a lease lasts without a heartbeat (the database's clock decides).
+    - ``heartbeat``: seconds between renewals (default a third of ``lease``); one statement renews
+      every lease of this replica.
+    - ``reap_every``: seconds between reaper passes (default half of ``lease``), each with up to
+      ``jitter`` of that added at random, so replicas do not reap in lockstep.
+    - ``reap_policy``: how an expired lease's response ends: ``"failed"`` (cause ``owner_lost``;
+      default) or ``"interrupted"`` (the lifecycle only: the envelope is left for a restart of the
+      owner to recover, as upstream's process-local task store requires).
+    - ``cancel_poll``: seconds between looks for relayed cancels (the fallback beside PostgreSQL's
+      ``LISTEN/NOTIFY``; the only way on SQLite).
+    - ``cancel_wait``: seconds a relaying replica waits for the owner's terminal (the host's own
+      cancel wait is 10 s; the default adds the relay's own latency).
+    """
+
+    identity: str | None = None
+    lease: float = 10.0
+    heartbeat: float | None = None
+    reap_every: float | None = None
+    jitter: float = 0.5
+    reap_policy: Literal["failed", "interrupted"] = "failed"
+    cancel_poll: float = 0.5
+    cancel_wait: float = 12.0
+
+    def __post_init__(self) -> None:
+        if not self.lease > 0:
+            raise ValueError(f"lease must be > 0 seconds, not {self.lease!r}")
+        if self.reap_policy not in ("failed", "interrupted"):
+            raise ValueError(f"reap_policy must be 'failed' or 'interrupted', not {self.reap_policy!r}")
+
+    @property
+    def heartbeat_every(self) -> float:
+        return self.heartbeat if self.heartbeat is not None else self.lease / 3
+
+    @property
+    def reap_interval(self) -> float:
+        return self.reap_every if self.reap_every is not None else self.lease / 2

@@ -1,0 +1,109 @@
+"""The ASGI middleware of a replica: requests about another replica's response, answered as the
+owner would answer them (see docs/replicas.md for the host's routes it stands in front of).
+
+- ``POST /responses`` with ``x-agent-response-id``: the id is claimed in the database first; taken
+  (live elsewhere, or stored): the host's own 409 ``response_id_conflict``.
+- ``GET /responses/{id}`` of a *foreground* response in flight on another live replica: the owner's
+  404 (the host shows a foreground response only once it has ended).
+- ``DELETE /responses/{id}`` of a response running on another live replica: the owner's 400
+  "Cannot delete an in-flight response.".
+- ``POST /responses/{id}/cancel`` of a response running on another live replica: the cancel is
+  recorded and relayed to the owner; this replica waits (the host's own bound) for the lease to end,
+  then lets the host answer from the store (200 with the cancelled response).
+
+Everything else, and every request about a response this replica owns or nobody runs, goes to the
+host unchanged. A request the relay itself makes to its own host carries :data:`RELAYED`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eventguard.replicas.replica import Replica
+
+#: The header the host reads a client-chosen response id from, and its user partition header.
+RESPONSE_ID_HEADER = "x-agent-response-id"
+USER_ID_HEADER = "x-agent-user-id"
+#: Marks a request the relay makes to its own host (passes through untouched).
+RELAYED = "x-eventguard-relayed"
+
+_ONE = re.compile(r"^(?P<prefix>.*)/responses/(?P<id>[^/]+)(?P<cancel>/cancel)?$")
+
+
+def _error(status: int, message: str, kind: str, code: str | None) -> tuple[int, bytes]:
+    body = {"error": {"message": message, "type": kind, "code": code, "param": "response_id"}}
+    return status, json.dumps(body).encode()
+
+
+CONFLICT = _error(
+    409,
+    "An active execution or retained replay stream with this response ID already exists.",
+    "conflict",
+    "response_id_conflict",
+)
+IN_FLIGHT = _error(400, "Cannot delete an in-flight response.", "invalid_request_error", None)
+
+
+def _not_found(response_id: str) -> tuple[int, bytes]:
+    body = {
+        "error": {
+            "message": f"Response with id '{response_id}' not found.",
+            "type": "invalid_request_error",
+            "code": "invalid_request_error",
+            "param": "response_id",
+        }
+    }
+    return 404, json.dumps(body).encode()
+
+
+class ReplicaMiddleware:
+    """ASGI middleware: see the module's docstring."""
+
+    def __init__(self, app: Any, replica: Replica) -> None:
+        self.app = app
+        self.replica = replica
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or not self.replica.started:
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if RELAYED in headers:
+            await self.app(scope, receive, send)
+            return
+        method, path = scope.get("method", ""), scope.get("path", "")
+        user = headers.get(USER_ID_HEADER)
+        if method == "POST" and path.endswith("/responses") and headers.get(RESPONSE_ID_HEADER):
+            if not await self.replica.claim_id(headers[RESPONSE_ID_HEADER], user):
+                await _answer(send, *CONFLICT)
+                return
+        elif (match := _ONE.match(path)) is not None:
+            from urllib.parse import unquote
+
+            response_id = unquote(match["id"])
+            replay = b"stream=true" in scope.get("query_string", b"")
+            if method == "GET" and match["cancel"] is None and not replay:
+                if await self.replica.foreground_elsewhere(response_id, user):
+                    await _answer(send, *_not_found(response_id))
+                    return
+            elif method == "DELETE" and match["cancel"] is None:
+                if await self.replica.running_elsewhere(response_id, user):
+                    await _answer(send, *IN_FLIGHT)
+                    return
+            elif method == "POST" and match["cancel"] is not None:
+                await self.replica.relay_cancel(response_id, user, headers)
+        await self.app(scope, receive, send)
+
+
+async def _answer(send: Any, status: int, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

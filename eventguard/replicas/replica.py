@@ -1,0 +1,358 @@
+"""One replica: its identity, its leases' heartbeat, the reaper, and the cancel relay."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+from sqlalchemy import event, func, literal, select, text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from eventguard.provider import _key, _partition, _shown
+from eventguard.replicas import leases as lease_sql
+from eventguard.replicas.fenced import FencedResponseProvider
+from eventguard.replicas.identity import default_identity
+from eventguard.replicas.options import ReplicaOptions
+from eventguard.replicas.reap import end_envelope, end_lifecycle
+from eventguard.replicas.relay import RELAYED
+from eventguard.sql.tables import anomalies, responses
+
+log = logging.getLogger(__name__)
+
+#: The PostgreSQL channel a relayed cancel is announced on (payload: the owner's identity).
+CHANNEL = "eventguard_cancel"
+#: Headers of the original cancel request the owner's host needs (its user partition, call id).
+_KEPT_HEADERS = ("x-agent-user-id", "x-agent-foundry-call-id", "authorization")
+
+
+class Replica:
+    """This process's part in a deployment of several replicas on one database."""
+
+    def __init__(self, options: ReplicaOptions, provider: FencedResponseProvider) -> None:
+        self.options = options
+        self.identity = options.identity or default_identity()
+        self.provider = provider
+        provider.replica = self
+        #: The fencing token of each lease this replica holds, by (partition, response key).
+        self.tokens: dict[tuple[str, str], int] = {}
+        #: Leases a terminal write of this replica ended (the handler's end need not end them).
+        self.ended: set[tuple[str, str]] = set()
+        #: What this replica reaped, and which of its writes were fenced out (diagnostics, tests).
+        self.reaped: list[str] = []
+        self.fenced_out: list[str] = []
+        self.started = False
+        self._app: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake = asyncio.Event()
+        self._listener: Any = None
+        self._delivering: set[asyncio.Task[None]] = set()
+
+    # -- lifetime ---------------------------------------------------------------------------------
+
+    async def start(self, app: Any) -> None:
+        """Start the heartbeat, the reaper and the cancel relay (after the storage has started)."""
+        self._app = app
+        self._wake = asyncio.Event()
+        await self._bound_idle_transactions()
+        await self._listen()
+        for loop in (self._heartbeat_loop, self._reaper_loop, self._cancel_loop):
+            self._tasks.append(asyncio.create_task(loop(), name=f"eventguard-replica-{loop.__name__}"))
+        self.started = True
+
+    async def stop(self) -> None:
+        self.started = False
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._listener.close(), 5)
+            self._listener = None
+
+    @contextlib.asynccontextmanager
+    async def _tx(self) -> AsyncIterator[AsyncConnection]:
+        async with self.provider.engine.begin() as conn:
+            yield conn
+
+    # -- ownership --------------------------------------------------------------------------------
+
+    def _where(self, response_id: str, user: str | None) -> tuple[str, str]:
+        return _partition(SimpleNamespace(user_id_key=user)), _key(response_id)
+
+    async def claim_id(self, response_id: str, user: str | None) -> bool:
+        """Claim a client-chosen id before the host runs it; False: live or stored elsewhere."""
+        part, key = self._where(response_id, user)
+        async with self._tx() as conn:
+            token = await lease_sql.claim(
+                conn, partition=part, key=key, response_id=response_id, owner=self.identity,
+                lease=self.options.lease, takeover=False,
+            )  # fmt: skip
+        if token is not None:
+            self.tokens[(part, key)] = token
+        return token is not None
+
+    async def claim_run(self, response_id: str, context: Any) -> None:
+        """Hold the lease of a response the host starts running here (a recovered run takes over an
+        expired or interrupted lease)."""
+        part, key = _partition(context), _key(response_id)
+        if (part, key) in self.tokens:
+            return
+        async with self._tx() as conn:
+            token = await lease_sql.claim(
+                conn, partition=part, key=key, response_id=response_id, owner=self.identity,
+                lease=self.options.lease, takeover=True,
+            )  # fmt: skip
+        if token is None:
+            log.warning("response %r is leased by another live replica: writes here unfenced", response_id)
+            return
+        self.tokens[(part, key)] = token
+
+    async def settle(self, response_id: str, context: Any) -> None:
+        """After the handler ended: give the host the time to write the terminal (which ends the
+        lease under the token); then end the lease if nothing did (a response never stored)."""
+        where = (_partition(context), _key(response_id))
+        deadline = asyncio.get_running_loop().time() + self.options.lease
+        while where in self.tokens and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)  # the terminal write happens in the host, after the handler
+        token = self.tokens.pop(where, None)
+        self.ended.discard(where)
+        if token is not None:
+            async with self._tx() as conn:
+                await lease_sql.end_fenced(conn, where[0], where[1], self.identity, token, "ended")
+
+    async def running_elsewhere(self, response_id: str, user: str | None) -> bool:
+        part, key = self._where(response_id, user)
+        async with self._tx() as conn:
+            lease = await lease_sql.lease_of(conn, part, key)
+        if lease is None or lease.state != "running" or lease.expired:
+            return False
+        return lease.owner != self.identity
+
+    async def foreground_elsewhere(self, response_id: str, user: str | None) -> bool:
+        """A foreground response still running on another live replica (its owner answers 404)."""
+        if not await self.running_elsewhere(response_id, user):
+            return False
+        try:
+            stored = await self.provider.get_response(response_id, context=SimpleNamespace(user_id_key=user))
+        except KeyError:
+            return False
+        return stored.get("background") is not True and stored.get("status") in ("queued", "in_progress")
+
+    # -- cancel relay -----------------------------------------------------------------------------
+
+    async def relay_cancel(self, response_id: str, user: str | None, headers: dict[str, str]) -> None:
+        """A cancel for another replica's running response: record it, tell the owner, wait (the
+        host's bound) until its lease ends. Returns at once for anything else."""
+        if not await self.running_elsewhere(response_id, user):
+            return
+        part, key = self._where(response_id, user)
+        kept = {k: v for k, v in headers.items() if k in _KEPT_HEADERS}
+        async with self._tx() as conn:
+            owner = await lease_sql.request_cancel(conn, part, key, kept)
+            if owner is not None and conn.dialect.name == "postgresql":
+                notify = text("SELECT pg_notify(:channel, :owner)")
+                await conn.execute(notify, {"channel": CHANNEL, "owner": owner})
+        if owner is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.cancel_wait
+        while loop.time() < deadline:
+            async with self._tx() as conn:
+                lease = await lease_sql.lease_of(conn, part, key)
+            if lease is None or lease.state != "running" or lease.expired:
+                return
+            await asyncio.sleep(0.05)
+
+    async def _bound_idle_transactions(self) -> None:
+        """On PostgreSQL, a session of this replica idle inside a transaction for longer than a
+        lease is ended by the server: a paused replica (SIGSTOP, a long GC pause) must not hold the
+        row locks the survivors need to end its responses. New connections get the setting; the
+        pool, opened by the schema check, is emptied so that every connection is a new one."""
+        engine = self.provider.engine
+        if engine.url.get_backend_name() != "postgresql":
+            return
+        millis = max(int(self.options.lease * 1000), 100)
+
+        def bound(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute(f"SET idle_in_transaction_session_timeout = {millis}")
+            cursor.close()
+
+        event.listen(engine.sync_engine, "connect", bound)
+        await engine.dispose()
+
+    async def _listen(self) -> None:
+        """LISTEN on PostgreSQL (a dedicated asyncpg connection); polling covers every database."""
+        url = self.provider.engine.url
+        if url.get_backend_name() != "postgresql":
+            return
+        try:
+            import asyncpg  # type: ignore[import-untyped]
+
+            dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+            self._listener = await asyncio.wait_for(asyncpg.connect(dsn), 10)
+
+            def woken(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+                if payload == self.identity:
+                    self._wake.set()
+
+            await self._listener.add_listener(CHANNEL, woken)
+        except Exception as exc:  # polling still delivers every cancel
+            log.warning("LISTEN %s unavailable (%s): relayed cancels are polled", CHANNEL, exc)
+            self._listener = None
+
+    async def _cancel_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.options.cancel_poll)
+            self._wake.clear()
+            try:
+                async with self._tx() as conn:
+                    taken = await lease_sql.take_cancels(conn, self.identity)
+            except Exception as exc:
+                log.warning("could not read relayed cancels: %s", exc)
+                continue
+            for lease in taken:
+                task = asyncio.create_task(self._deliver(lease.response_id, lease.cancel_headers or {}))
+                self._delivering.add(task)
+                task.add_done_callback(self._delivering.discard)
+
+    async def _deliver(self, response_id: str, headers: dict[str, str]) -> None:
+        """The host's own cancel, in-process: it sets exactly what a client's cancel sets."""
+        from urllib.parse import quote
+
+        path = f"/responses/{quote(response_id, safe='')}/cancel"
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+            "headers": [(b"content-length", b"0"), (RELAYED.encode(), b"1")]
+            + [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
+            "client": ("127.0.0.1", 0), "server": ("eventguard-relay", 0),
+        }  # fmt: skip
+        sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await asyncio.Event().wait()  # no disconnect: the cancel runs to its end
+            return {"type": "http.disconnect"}
+
+        async def send(_message: dict[str, Any]) -> None:
+            return None
+
+        try:
+            await self._app(scope, receive, send)
+        except Exception:
+            log.exception("the relayed cancel of %r failed on its owner", response_id)
+
+    # -- heartbeat and reaper ---------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.heartbeat_every)
+            try:
+                async with self._tx() as conn:
+                    await lease_sql.heartbeat(conn, self.identity, self.options.lease)
+            except Exception as exc:
+                log.warning("lease heartbeat failed: %s", exc)
+
+    async def _reaper_loop(self) -> None:
+        while True:
+            every = self.options.reap_interval
+            await asyncio.sleep(every * (1 + random.random() * self.options.jitter))
+            try:
+                await self.reap_once()
+            except Exception as exc:
+                log.warning("reaper pass failed: %s", exc)
+
+    async def reap_once(self, limit: int = 100) -> list[str]:
+        """End every expired lease by the policy, each exactly once across replicas (the ids this
+        replica ended)."""
+        return await reap_expired(self._tx, self.identity, self.options.reap_policy, limit, self.reaped)
+
+    async def record_fenced_out(self, response_id: str, reason: str) -> None:
+        """A refused write is an anomaly on the response's lifecycle (and a warning), never silent."""
+        self.fenced_out.append(response_id)
+        log.warning("fenced out: %s", reason)
+        try:
+            async with self._tx() as conn:
+                await record_anomaly(conn, response_id, "fenced_out", reason)
+        except Exception as exc:
+            log.error("could not record the fenced-out write of %r: %s", response_id, exc)
+
+
+async def reap(
+    engine: AsyncEngine, *, policy: str = "failed", limit: int = 1000, reaper: str = "eventguard-recover"
+) -> list[str]:
+    """End every response whose replica's lease expired (``eventguard recover --expired-leases``):
+    the reaper's pass, by an operator. Exactly once with the replicas' own reapers."""
+
+    @contextlib.asynccontextmanager
+    async def tx() -> AsyncIterator[AsyncConnection]:
+        async with engine.begin() as conn:
+            yield conn
+
+    return await reap_expired(tx, reaper, policy, limit)
+
+
+async def reap_expired(
+    tx: Any, reaper: str, policy: str, limit: int, into: list[str] | None = None
+) -> list[str]:
+    """The reaper's pass: see :meth:`Replica.reap_once`."""
+    async with tx() as conn:
+        candidates = await lease_sql.expired(conn, limit)
+    ended: list[str] = []
+    state = "ended" if policy == "failed" else "interrupted"
+    for lease in candidates:
+        try:
+            async with tx() as conn:
+                if conn.dialect.name == "postgresql":
+                    # A row still locked by the dead or paused owner: give up, retry next pass.
+                    await conn.execute(text("SET LOCAL lock_timeout = '2s'"))
+                if await lease_sql.take_expired(conn, lease, reaper, state, policy) is None:
+                    continue  # another replica took it first
+                if policy == "failed":
+                    await end_envelope(conn, lease.partition, lease.response_key, reaper)
+                await end_lifecycle(conn, lease.response_id, policy, reaper)
+        except DBAPIError as exc:
+            log.warning("could not reap %r yet (%s): next pass", lease.response_id, exc)
+            continue
+        ended.append(lease.response_id)
+    if into is not None:
+        into.extend(ended)
+    return ended
+
+
+async def record_anomaly(conn: AsyncConnection, response_id: str, kind: str, reason: str) -> bool:
+    """An anomaly (source ``replica``) on the response's current attempt; False when the sink has no
+    row for it (nothing recorded it)."""
+    shown = _shown(response_id)
+    r, a = responses.c, anomalies.c
+    attempt = (await conn.execute(select(r.attempt).where(r.response_id == shown))).scalar_one_or_none()
+    if attempt is None:
+        return False
+    idx = select(func.coalesce(func.max(a.idx), -1) + 1).where(
+        a.response_id == shown, a.attempt == attempt, a.source == "replica"
+    ).scalar_subquery()
+    from datetime import UTC, datetime
+
+    await conn.execute(
+        anomalies.insert().from_select(
+            ["response_id", "attempt", "source", "idx", "kind", "reason", "at"],
+            select(literal(shown), literal(attempt), literal("replica"), idx, literal(kind),
+                   literal(json.dumps(reason)), literal(datetime.now(UTC), anomalies.c.at.type)),
+        )
+    )  # fmt: skip
+    return True

@@ -1,0 +1,294 @@
+"""Several replicas of a guarded server on one PostgreSQL database behave as one server.
+
+Each replica is a real process (``tests/upstream/_replica_child.py``, uvicorn on a loopback port,
+started by the provider tests' ``lifetime``), driven by the ``openai`` client and plain HTTP. Leases
+are short (1.5 s) so failover costs seconds. One row of README "Several replicas" per test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sqlite3
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import asyncpg  # type: ignore[import-untyped]
+import httpx
+import pytest
+from azure.ai.agentserver.responses._id_generator import IdGenerator
+
+from tests.upstream.test_provider_e2e import Database, Lifetime, client, lifetime, wait_status
+
+pytestmark = [pytest.mark.upstream]
+
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
+DB_NAME = "h_r16"
+PG_DSN = f"postgresql://postgres@127.0.0.1:5432/{DB_NAME}"
+PG_URL = f"postgresql+asyncpg://postgres@127.0.0.1:5432/{DB_NAME}"
+LEASE = "1.5"
+STEP = 30.0
+
+
+class SqliteReader:
+    """``fetchval``/``fetchrow`` of asyncpg's shape over a SQLite file (``$1`` becomes ``?``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _rows(self, sql: str, args: tuple[Any, ...]) -> list[sqlite3.Row]:
+        with contextlib.closing(sqlite3.connect(self.path, timeout=30)) as conn:
+            conn.row_factory = sqlite3.Row
+            try:
+                return conn.execute(sql.replace("$1", "?"), args).fetchall()
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):
+                    return []
+                raise
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        rows = await asyncio.to_thread(self._rows, sql, args)
+        return rows[0][0] if rows else None
+
+    async def fetchrow(self, sql: str, *args: Any) -> Any:
+        rows = await asyncio.to_thread(self._rows, sql, args)
+        return rows[0] if rows else None
+
+
+@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres), "sqlite"])
+async def any_db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Database, Any]]:
+    """PostgreSQL (LISTEN/NOTIFY and polling) or a SQLite file several processes share (polling)."""
+    if request.param == "sqlite":
+        path = tmp_path / "replicas.db"
+        yield Database(f"sqlite:///{path}", None), SqliteReader(path)
+        return
+    async for found in _postgres():
+        yield found
+
+
+@pytest.fixture
+async def db() -> AsyncIterator[tuple[Database, Any]]:
+    async for found in _postgres():
+        yield found
+
+
+async def _postgres() -> AsyncIterator[tuple[Database, Any]]:
+    """A schema of its own in the ``h_r16`` database (created when missing), and a connection to it."""
+    try:
+        async with asyncio.timeout(5):
+            admin = await asyncpg.connect(PG_ADMIN)
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        pytest.skip(f"no PostgreSQL server reachable at {PG_ADMIN}: {type(exc).__name__}: {exc}")
+    async with asyncio.timeout(30):
+        if not await admin.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", DB_NAME):
+            await admin.execute(f'CREATE DATABASE "{DB_NAME}"')
+        await admin.close()
+        conn = await asyncpg.connect(PG_DSN)
+    schema = f"eg_rep_{uuid.uuid4().hex[:12]}"
+    await conn.execute(f'CREATE SCHEMA "{schema}"')
+    await conn.execute(f'SET search_path TO "{schema}"')
+    try:
+        yield Database(PG_URL, schema), conn
+    finally:
+        async with asyncio.timeout(30):
+            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+            await conn.close()
+
+
+async def replicas(stack: AsyncExitStack, database: Database, root: Path, n: int) -> list[Lifetime]:
+    """``n`` replicas on the database, started one after the other (the first creates the schema)."""
+    started = []
+    for i in range(n):
+        state = root / f"replica-{i}"
+        state.mkdir()
+        started.append(
+            await stack.enter_async_context(
+                lifetime(database, state, "uvicorn", "chat", module="tests.upstream._replica_child",
+                         args=(LEASE,))
+            )
+        )  # fmt: skip
+    return started
+
+
+async def poll(query: Any, what: str) -> Any:
+    """Run ``query()`` until it returns something truthy (bounded by STEP); that value."""
+    async with asyncio.timeout(STEP):
+        while not (found := await query()):  # noqa: ASYNC110 - state another process owns
+            await asyncio.sleep(0.05)
+    assert found, what
+    return found
+
+
+def new_id() -> str:
+    return IdGenerator.new_response_id()
+
+
+async def post(
+    base: str, text: str, response_id: str | None = None, background: bool = True
+) -> httpx.Response:
+    headers = {"x-agent-response-id": response_id} if response_id else {}
+    async with httpx.AsyncClient(timeout=STEP) as http:
+        return await http.post(
+            f"{base}/responses", json={"model": "m", "input": text, "background": background}, headers=headers
+        )
+
+
+async def started_on(conn: Any, response_id: str) -> None:
+    """Wait until the response's lease is taken (its handler runs)."""
+    sql = "SELECT 1 FROM eventguard_leases WHERE response_id = $1 AND state = 'running'"
+    await poll(lambda: conn.fetchval(sql, f'"{response_id}"'), "the lease")
+
+
+@pytest.mark.postgres
+async def test_a_post_reusing_an_id_live_or_stored_on_another_replica_gets_the_owners_409(
+    db: tuple[Database, Any], tmp_path: Path
+) -> None:
+    database, conn = db
+    async with AsyncExitStack() as stack:
+        a, b = await replicas(stack, database, tmp_path, 2)
+        rid = new_id()
+        assert (await post(a.base_url, "hang", rid)).status_code == 200
+        await started_on(conn, rid)
+        on_owner, elsewhere = await post(a.base_url, "hang", rid), await post(b.base_url, "hang", rid)
+        assert on_owner.status_code == elsewhere.status_code == 409
+        assert elsewhere.json()["error"]["code"] == on_owner.json()["error"]["code"] == "response_id_conflict"
+        async with client(a.base_url) as ca:
+            await ca.responses.cancel(rid)
+            assert await wait_status(ca, rid, {"cancelled"}) == "cancelled"
+        stored = await post(b.base_url, "again", rid)  # ended and stored: still taken
+        assert stored.status_code == 409
+
+
+@pytest.mark.postgres
+async def test_a_delete_of_a_response_in_flight_on_another_replica_is_refused_as_the_owner_refuses_it(
+    db: tuple[Database, Any], tmp_path: Path
+) -> None:
+    database, conn = db
+    async with AsyncExitStack() as stack:
+        a, b = await replicas(stack, database, tmp_path, 2)
+        rid = new_id()
+        assert (await post(a.base_url, "hang", rid)).status_code == 200
+        await started_on(conn, rid)
+        async with httpx.AsyncClient(timeout=STEP) as http:
+            owner = await http.delete(f"{a.base_url}/responses/{rid}")
+            other = await http.delete(f"{b.base_url}/responses/{rid}")
+        assert owner.status_code == other.status_code == 400
+        assert other.json()["error"]["message"] == owner.json()["error"]["message"]
+        async with client(a.base_url) as ca:
+            await ca.responses.cancel(rid)
+            assert await wait_status(ca, rid, {"cancelled"}) == "cancelled"
+
+
+async def test_a_cancel_on_another_replica_reaches_the_owner_as_a_client_cancel_and_answers_200(
+    any_db: tuple[Database, Any], tmp_path: Path
+) -> None:
+    database, conn = any_db
+    async with AsyncExitStack() as stack:
+        a, b = await replicas(stack, database, tmp_path, 2)
+        rid = new_id()
+        assert (await post(a.base_url, "hang", rid)).status_code == 200
+        await started_on(conn, rid)
+        async with client(b.base_url) as cb, client(a.base_url) as ca, asyncio.timeout(STEP):
+            cancelled = await cb.responses.cancel(rid)
+            assert cancelled.status == "cancelled"
+            assert (await ca.responses.retrieve(rid)).status == "cancelled"
+            assert (await cb.responses.retrieve(rid)).status == "cancelled"
+        sql = "SELECT status, cause FROM eventguard_responses WHERE response_id = $1 AND status = 'cancelled'"
+        row = await poll(lambda: conn.fetchrow(sql, rid), "the cancelled lifecycle")
+        assert row["cause"] == "client_cancel"  # the guard saw the host's client cancel
+
+
+@pytest.mark.postgres
+async def test_a_killed_replicas_response_is_ended_once_by_one_survivor_after_its_lease(
+    db: tuple[Database, Any], tmp_path: Path
+) -> None:
+    database, conn = db
+    async with AsyncExitStack() as stack:
+        a, b, c = await replicas(stack, database, tmp_path, 3)
+        rid = new_id()
+        assert (await post(a.base_url, "hang", rid)).status_code == 200
+        await started_on(conn, rid)
+        await asyncio.sleep(0.5)  # let the sink flush the first events
+        a.process.send_signal(signal.SIGKILL)
+        ended = "SELECT 1 FROM eventguard_leases WHERE response_id = $1 AND state = 'ended'"
+        await poll(lambda: conn.fetchval(ended, f'"{rid}"'), "the reaper")
+        # (Polled in the database first: 2.2.0b1's host answers 404 for an in-flight background
+        # run read from the store, whose envelope it stores without "background".)
+        async with client(b.base_url) as cb, client(c.base_url) as cc:
+            assert await wait_status(cb, rid, {"failed"}) == "failed"
+            assert (await cc.responses.retrieve(rid)).status == "failed"
+        lease = await conn.fetchrow("SELECT * FROM eventguard_leases WHERE response_id = $1", f'"{rid}"')
+        assert lease["state"] == "ended" and lease["fencing_token"] == 2
+        assert lease["ended_by"] in {b.printed("IDENTITY ")[0][9:], c.printed("IDENTITY ")[0][9:]}
+        sql = (
+            "SELECT to_state, cause FROM eventguard_transitions"
+            " WHERE response_id = $1 AND cause = 'owner_lost'"
+        )
+        ends = await conn.fetch(sql, rid)
+        assert [(e["to_state"], e["cause"]) for e in ends] == [("failed", "owner_lost")]
+        assert await conn.fetchval("SELECT count(*) FROM eventguard_events WHERE response_id = $1", rid) >= 1
+
+
+@pytest.mark.postgres
+async def test_a_paused_replica_past_its_lease_cannot_overwrite_the_survivors_decision(
+    db: tuple[Database, Any], tmp_path: Path
+) -> None:
+    database, conn = db
+    async with AsyncExitStack() as stack:
+        a, b = await replicas(stack, database, tmp_path, 2)
+        rid = new_id()
+        assert (await post(a.base_url, "slow", rid)).status_code == 200
+        await started_on(conn, rid)
+        a.process.send_signal(signal.SIGSTOP)
+        try:
+            ended = "SELECT 1 FROM eventguard_leases WHERE response_id = $1 AND state = 'ended'"
+            await poll(lambda: conn.fetchval(ended, f'"{rid}"'), "the reaper")
+            async with client(b.base_url) as cb:
+                assert await wait_status(cb, rid, {"failed", "completed"}) == "failed"
+        finally:
+            a.process.send_signal(signal.SIGCONT)
+        # A wakes, finishes its run, and tries to write ``completed`` under its old token.
+        # Its write ends either way: refused (an anomaly) or, were it not fenced, over B's envelope.
+        sql = (
+            "SELECT (SELECT count(*) FROM eventguard_anomalies"
+            " WHERE response_id = $1 AND kind = 'fenced_out')"
+            " + (SELECT count(*) FROM eventguard_provider_responses WHERE response_id = $1"
+            " AND status = 'completed')"
+        )
+        await poll(lambda: conn.fetchval(sql, rid), "A's write after it woke")
+        async with client(a.base_url) as ca, client(b.base_url) as cb:
+            assert (await ca.responses.retrieve(rid)).status == "failed"
+            assert (await cb.responses.retrieve(rid)).status == "failed"
+        status = await conn.fetchval("SELECT status FROM eventguard_responses WHERE response_id = $1", rid)
+        assert status == "failed"
+        anomaly = "SELECT count(*) FROM eventguard_anomalies WHERE response_id = $1 AND kind = 'fenced_out'"
+        assert await conn.fetchval(anomaly, rid) == 1  # refused, and recorded: never silently
+
+
+@pytest.mark.postgres
+async def test_a_foreground_stream_in_flight_is_not_found_on_every_replica_as_on_its_owner(
+    db: tuple[Database, Any], tmp_path: Path
+) -> None:
+    database, conn = db
+    async with AsyncExitStack() as stack:
+        a, b = await replicas(stack, database, tmp_path, 2)
+        rid = new_id()
+        body = {"model": "m", "input": "slow", "stream": True}
+        async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP), http.stream(
+            "POST", f"{a.base_url}/responses", json=body, headers={"x-agent-response-id": rid}
+        ) as streaming:
+            lines = streaming.aiter_lines()
+            await anext(lines)
+            await started_on(conn, rid)
+            owner = await http.get(f"{a.base_url}/responses/{rid}")
+            other = await http.get(f"{b.base_url}/responses/{rid}")
+            assert (owner.status_code, other.status_code) == (404, 404)
+            async for _line in lines:
+                pass
+            bases = (a.base_url, b.base_url)
+            got = [(await http.get(f"{u}/responses/{rid}")).json()["status"] for u in bases]
+            assert got == ["completed", "completed"]
