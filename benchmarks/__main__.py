@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="where to write the table (default RESULTS.md)")
     ap.add_argument("--load", type=int, default=0, help="busy processes competing for the CPU (default 0)")
     ap.add_argument("--runs", type=int, default=1, help="run the parts K times, keep each figure's worst run")
+    ap.add_argument(
+        "--host-rounds", type=int, default=None, help="interleaved rounds of the host part (default 8)"
+    )
     args = ap.parse_args(argv)
     unknown = sorted(set(args.parts) - set(MEASUREMENTS))
     if unknown:
@@ -53,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = Sizes.quick() if args.quick else Sizes()
     if args.reps is not None:
         sizes = dataclasses.replace(sizes, reps=max(1, args.reps))
+    if args.host_rounds is not None:
+        # A busy shared machine makes a round take minutes: fewer rounds, more runs.
+        sizes = dataclasses.replace(sizes, host_rounds=max(1, args.host_rounds))
     names = [*args.parts, *(args.only or [])] or list(MEASUREMENTS)
     logs = quiet_eventguard_logs()
     runs: list[list[Row]] = []

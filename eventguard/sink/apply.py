@@ -73,6 +73,7 @@ from eventguard.sink.batch import Batch, sink_anomaly
 from eventguard.sink.serialise import encode_value
 from eventguard.sql.classify import reason
 from eventguard.sql.engine import PreSerialised
+from eventguard.sql.sqlite_thread import SqliteConnection
 from eventguard.sql.tables import TERMINAL, anomalies, events, responses, sql_list, transitions
 
 #: Response rows per upsert statement, and events (transitions, anomalies) per insert. Each
@@ -474,10 +475,13 @@ async def _insert(conn: AsyncConnection, table: Table, rows: list[tuple[Any, ...
 async def _execute(conn: AsyncConnection, sql: str, params: tuple[Any, ...]) -> int:
     """Run one statement in the caller's transaction; the rows it changed.
 
-    On SQLite straight through aiosqlite: one hop to the driver's thread instead of three
+    On the SQLite writer thread (:mod:`eventguard.sql.sqlite_thread`) straight to ``sqlite3``.
+    Else, on SQLite, straight through aiosqlite: one hop to the driver's thread instead of three
     (cursor, execute, close). Under load each hop waits for the GIL and a turn of the event loop.
     Its errors are wrapped as SQLAlchemy's, so the sink tells bad data from an absent database.
     """
+    if isinstance(conn, SqliteConnection):
+        return conn.run(sql, params)  # on the SQLite writer thread, in its transaction
     if conn.dialect.name != "sqlite":
         return int((await conn.exec_driver_sql(sql, params)).rowcount)
     driver = (await conn.get_raw_connection()).driver_connection

@@ -18,9 +18,9 @@ import contextvars
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from eventguard.sink import quarantine
 from eventguard.sink.apply import Renumbered, Stopped, Tally, Written, note_refused, write
@@ -29,6 +29,7 @@ from eventguard.sink.quarantine import QuarantineRecord
 from eventguard.sink.quarantine_file import QuarantineFile
 from eventguard.sink.report import Reporter, SinkStats, log
 from eventguard.sql.classify import ErrorKind, classify, reason
+from eventguard.sql.sqlite_thread import SqliteConnection, SqliteThread, drive
 
 __all__ = ["REPLAYING", "Committer", "Timeouts"]
 
@@ -53,7 +54,8 @@ class Committer:
     sink's counts and log; ``file``: the quarantine file, when the table cannot be written;
     ``schema_changed``: called when an error says the schema must be looked at again;
     ``encode``: serialises what is left of a batch's events; ``renumbered``: told when a batch
-    is stored under other attempt numbers (its recorder is renumbered).
+    is stored under other attempt numbers (its recorder is renumbered); ``thread``: the SQLite
+    writer thread the transactions go to (None: through ``engine``, PostgreSQL and in-memory SQLite).
     """
 
     def __init__(
@@ -66,8 +68,10 @@ class Committer:
         schema_changed: Callable[[], None],
         encode: Callable[[Batch], None],
         renumbered: Renumbered,
+        thread: Callable[[], SqliteThread | None] = lambda: None,
     ) -> None:
         self._engine = engine
+        self._thread = thread
         self._config = config
         self._stats = stats
         self._report = report
@@ -83,9 +87,16 @@ class Committer:
         # A replayed batch's recorder (if it still runs) is not renumbered by it: its own next
         # batch is, when it is written.
         renumbered = None if replay else self._renumbered
+        thread = self._thread()
         started = time.perf_counter()  # for stats.on_write: the write-duration metric
-        async with asyncio.timeout(self._config.write_timeout), self._engine().begin() as conn:
-            written = await write(conn, batches, rows=rows, replay=replay, renumbered=renumbered)
+        async with asyncio.timeout(self._config.write_timeout):
+            if thread is None:
+                async with self._engine().begin() as conn:
+                    written = await write(conn, batches, rows=rows, replay=replay, renumbered=renumbered)
+            else:
+                written = await self._on_thread(
+                    thread, batches, rows=rows, replay=replay, renumbered=renumbered
+                )
         if self._stats.on_write is not None:
             self._stats.on_write(time.perf_counter() - started)
         if rows:
@@ -97,6 +108,36 @@ class Committer:
             for dup in written.duplicates:
                 log.warning("eventguard sink: %s", quarantine.text(dup.reason))
         return written
+
+    @staticmethod
+    async def _on_thread(
+        thread: SqliteThread,
+        batches: Sequence[Batch],
+        *,
+        rows: bool,
+        replay: bool,
+        renumbered: Renumbered | None,
+    ) -> Written:
+        """The same statements in one transaction on the SQLite writer thread: the event loop
+        only hands it over. A recorder is renumbered here, on the loop, once the write is
+        back (a recorder is the loop's: the thread never touches one)."""
+        told: list[tuple[Batch, int, int, str]] = []
+
+        def note(batch: Batch, attempt: int, shift: int, stream: str) -> None:
+            told.append((batch, attempt, shift, stream))
+
+        def job(conn: SqliteConnection) -> Written:
+            # write() awaits only the connection, which never suspends on the thread.
+            as_async = cast(AsyncConnection, conn)
+            told_to = None if renumbered is None else note
+            return drive(write(as_async, batches, rows=rows, replay=replay, renumbered=told_to))
+
+        try:
+            return await thread.transaction(job)
+        finally:
+            if renumbered is not None:
+                for args in told:
+                    renumbered(*args)
 
     async def apply(self, batches: list[Batch], tally: Tally) -> None:
         """Write ``batches``, adding what it came to to ``tally``; a group the database refuses

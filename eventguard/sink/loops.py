@@ -41,6 +41,9 @@ class LoopState:
     replay: asyncio.Task[Any] | None = None
     #: Set by ``aclose()``: the writer ends after its current cycle.
     stopping: bool = False
+    #: The wake-up a lifecycle change asked for, ``flush_interval`` later (one at a time: the
+    #: changes meanwhile share it).
+    soon: asyncio.TimerHandle | None = None
 
 
 class Loops:

@@ -61,9 +61,11 @@ class SqlSink:
     :param predicate: ``(event_type, event) -> bool``: store only events it accepts.
     :param redact: rewrites a payload (a JSON-able value) before it is stored; if it raises, the
         event is stored without a payload and an anomaly says why.
-    :param flush_every: a flush after this many buffered events (flushes also happen on every
-        lifecycle change and every ``flush_interval`` seconds).
-    :param flush_interval: seconds between flushes of a stream that is forwarding events.
+    :param flush_every: a flush after this many buffered events (flushes also happen when a
+        response ends or closes, and every ``flush_interval`` seconds).
+    :param flush_interval: seconds between flushes of a stream that is forwarding events; a
+        lifecycle change that does not end the response is written within it too (so a short
+        response's creation, events and end share one transaction).
     :param max_buffered: the events waiting for the writer, at most (a reference each, ~100 bytes,
         plus the event it keeps alive); past it, ``on_full`` applies. It must cover what the streams
         forward during one write cycle: the default holds 1,000 x 100-event streams started at

@@ -41,7 +41,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from eventguard.errors import SchemaMismatchError
-from eventguard.lifecycle import Lifecycle
+from eventguard.lifecycle import ENDED_STATES, Lifecycle
 from eventguard.sink import quarantine
 from eventguard.sink.apply import Stopped, Tally
 from eventguard.sink.batch import Batch
@@ -58,6 +58,7 @@ from eventguard.sink.spool import Spool
 from eventguard.sql import engine as _db
 from eventguard.sql import migrate as _migrate
 from eventguard.sql.classify import reason
+from eventguard.sql.sqlite_thread import SqliteThread
 from eventguard.sql.tables import responses
 
 __all__ = ["Outage", "Writer", "WriterConfig"]
@@ -155,6 +156,7 @@ class Writer:
             self._schema_changed,
             self.collector.encode_rest,
             self.collector.renumbered,
+            lambda: self.sqlite_thread,
         )
         self.replayer = Replayer(self, self.committer, self.loops, lambda: self.name)
         self.outage = Outage()
@@ -164,6 +166,14 @@ class Writer:
         self._work: list[SqlRecorder] = []
         self._buffered = 0
         self._ready = False
+        #: The loop a ``close()`` is running on, while it runs (see :meth:`writing`).
+        self._closing: asyncio.AbstractEventLoop | None = None
+        #: SQLite (a file): the thread every write transaction runs on, off the event loop
+        #: (:mod:`eventguard.sql.sqlite_thread`); None on PostgreSQL, where asyncpg's protocol
+        #: is the loop's own I/O.
+        self.sqlite_thread: SqliteThread | None = _db.sqlite_writer(
+            config.url, busy_timeout_ms=int(config.busy_timeout * 1000)
+        )
 
     @property
     def ready(self) -> bool:
@@ -246,7 +256,17 @@ class Writer:
         """Final flush of every stream, stop the writer, release connections; see ``SqlSink.aclose``."""
         if self.closed:
             return
+        try:
+            await self._close()
+        finally:
+            self._closing = None  # cancelled halfway: the recorders see the writer gone again
+
+    async def _close(self) -> None:
         st = self.loops.here()
+        # A recorder whose final flush outlived its close_timeout (a thousand streams closing at
+        # once) keeps waiting while this close runs: its work is taken by the final flush below,
+        # not spooled as if the writer were gone (the writer task is detached just after this).
+        self._closing = st.loop
         st.stopping = True
         st.wake.set()
         task, st.task = st.task, None
@@ -276,6 +296,8 @@ class Writer:
         if self._unbound is not None:
             await self._unbound.dispose(close=False)
             self._unbound = None
+        if self.sqlite_thread is not None:
+            await self.sqlite_thread.close()
 
     async def _stop(self, task: asyncio.Task[Any], *, cancel: bool) -> None:
         """Let ``task`` end (or cancel it), within bounds; its own errors are not ours to raise
@@ -310,9 +332,26 @@ class Writer:
                 self._overflow()
 
     def note_change(self, rec: SqlRecorder) -> None:
-        """A recorder's lifecycle changed: the writer is woken."""
+        """A recorder's lifecycle changed: the writer is woken at once when it ended (a terminal,
+        an interruption), else within ``flush_interval``: the changes of a short response (its
+        creation, ``in_progress``, its events, its end) go in one transaction, not one each."""
         self._enqueue(rec)
-        self.loops.wake.set()
+        if rec.lifecycle.state in ENDED_STATES:
+            self.loops.wake.set()
+        else:
+            self._wake_soon()
+
+    def _wake_soon(self) -> None:
+        st = self.loops.live
+        if st is None:
+            self.loops.wake.set()
+        elif st.soon is None:
+            st.soon = st.loop.call_later(self.config.flush_interval, self._woken_soon, st)
+
+    @staticmethod
+    def _woken_soon(st: LoopState) -> None:
+        st.soon = None
+        st.wake.set()
 
     def note_close(self, rec: SqlRecorder) -> None:
         """A recorder is closing: the writer is woken; with no writer, what it holds is spooled."""
@@ -345,8 +384,17 @@ class Writer:
         self.to_spool(batches, None)
 
     def writing(self) -> bool:
-        """Whether the current loop's writer task is alive: it will store, or keep, what it was given."""
-        return self.loops.writing()
+        """Whether the current loop's writer task is alive, or ``close()`` is under way on this
+        loop (its final flush takes what waits): either will store, or keep, what it was given."""
+        if self.loops.writing():
+            return True
+        closing = self._closing
+        if closing is None or self.closed:
+            return False
+        try:
+            return closing is asyncio.get_running_loop()
+        except RuntimeError:
+            return False
 
     def spool_now(self, rec: SqlRecorder, why: str) -> None:
         """Keep what a closing recorder still holds in the spool file (its final flush cannot happen)."""
@@ -390,6 +438,9 @@ class Writer:
                     except TimeoutError:
                         pass
                 st.wake.clear()
+                if st.soon is not None:  # this cycle takes the work it was set for
+                    st.soon.cancel()
+                    st.soon = None
                 recorders = self._take_work()
                 try:
                     if recorders:

@@ -33,12 +33,15 @@ __all__ = [
     "safe_url",
     "scrub",
     "sqlite_path",
+    "sqlite_writer",
     "url_problem",
     "url_secrets",
 ]
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
+
+from eventguard.sql.sqlite_thread import SqliteThread
 
 #: Awaits a coroutine from SQLAlchemy's sync code on an async engine (inside its greenlet):
 #: ``await_`` since SQLAlchemy 2.1, ``await_only`` before (the old name goes in 2.2).
@@ -294,6 +297,22 @@ def sqlite_path(url: URL) -> Path | None:
     if not is_sqlite(url) or url.database in (None, "", ":memory:"):
         return None
     return Path(url.database)
+
+
+def sqlite_writer(url: URL, *, busy_timeout_ms: int = 30_000) -> SqliteThread | None:
+    """A writer thread with its own ``sqlite3`` connection for an SQLite file URL
+    (:mod:`eventguard.sql.sqlite_thread`); None for PostgreSQL, an in-memory database (another
+    connection would see another database) or a URL with query options (a URI filename, a mode:
+    only the engine knows how to open those)."""
+    path = sqlite_path(url)
+    if path is None or url.query:
+        return None
+    return SqliteThread(
+        path,
+        busy_timeout_ms=busy_timeout_ms,
+        json_serializer=_json_serializer,
+        json_deserializer=_json_deserializer,
+    )
 
 
 def _json_serializer(value: Any) -> str:

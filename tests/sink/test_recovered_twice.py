@@ -107,7 +107,9 @@ async def test_a_second_recovery_spooled_then_replayed_takes_the_next_attempt(ta
         await run(sink, "one", State.INTERRUPTED, recovered=False)
         await run(sink, "two", State.INTERRUPTED)
         await sink.aclose()
-        sink = make_sink(target)
+        # flush_interval=0: each lifecycle change of the third run is a batch of its own (two or
+        # more spooled batches of one stream, each renumbered on replay), not one for the run.
+        sink = make_sink(target, flush_interval=0)
         await sink.start()
         # In an outage's back-off: the third run is spooled.
         sink.writer.outage.retry_at = time.monotonic() + 60

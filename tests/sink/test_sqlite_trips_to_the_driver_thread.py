@@ -1,19 +1,19 @@
-"""On SQLite every write is one trip to aiosqlite's thread per statement, and nothing more.
+"""On SQLite every write transaction is one hand-off to the sink's own sqlite3 thread, and nothing more.
 
-Each trip is a hand-off between the event loop the host serves requests on and the driver's
-thread: under load it waits for the GIL and a turn of the loop (issue 13). A transaction is
-``BEGIN IMMEDIATE`` (one trip, not SQLAlchemy's three: cursor, execute, close), its statements,
-``COMMIT``, and no rollback after the commit (the pool's reset rolls back only a transaction that
-is still open). The locks and errors stay what they were: a connection handed back inside a
-transaction is rolled back, and a database locked at ``BEGIN`` is an outage, not refused content.
+Each trip to a driver thread is a hand-off between the event loop the host serves requests on and
+that thread: under load it waits for the GIL and a turn of the loop (issue 13). The sink's writes
+go to its writer thread (:mod:`eventguard.sql.sqlite_thread`) as one job per transaction; the
+engine's own transactions (schema, quarantine, reads) still begin with one trip to aiosqlite
+(``BEGIN IMMEDIATE``, not SQLAlchemy's cursor, execute, close), and a connection handed back inside
+a transaction is rolled back. A database locked at ``BEGIN`` is an outage, not refused content.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import sqlite3
+import threading
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -26,6 +26,8 @@ from sqlalchemy.exc import OperationalError
 from eventguard.sink import SqlSink
 from eventguard.sql import engine as _db
 from eventguard.sql.classify import ErrorKind, classify
+from eventguard.sql.sqlite_thread import SqliteThread
+from eventguard.sql.tables import events, responses
 
 from .conftest import Target
 from .helpers import run_guarded, script
@@ -49,38 +51,79 @@ def trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         monkeypatch.setattr(aiosqlite.Connection, "_execute", real)
 
 
-_SQLALCHEMY = tuple(int(p) for p in importlib.metadata.version("sqlalchemy").split(".")[:2])
+@contextlib.contextmanager
+def hand_offs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The thread each job handed to the SQLite writer thread ran on, in order."""
+    ran_on: list[int] = []
+    real = SqliteThread.call
+
+    async def counted(self: SqliteThread, job: Any) -> Any:
+        def watched(conn: Any) -> Any:
+            ran_on.append(threading.get_ident())
+            return job(conn)
+
+        return await real(self, watched)
+
+    monkeypatch.setattr(SqliteThread, "call", counted)
+    try:
+        yield ran_on
+    finally:
+        monkeypatch.setattr(SqliteThread, "call", real)
 
 
-@pytest.mark.skipif(
-    _SQLALCHEMY < (2, 1),
-    reason="the trip counts are SQLAlchemy 2.1's aiosqlite adapter (one _execute_fetchall per statement); "
-    "2.0's adapter (seen on 2.0.30, the lowest allowed) runs each statement as cursor, execute, fetchall, "
-    "close, so the shape asserted here does not apply",
-)
-async def test_a_write_cycle_is_begin_its_statements_and_commit_one_trip_each(
+async def test_a_write_cycle_is_one_hand_off_to_the_writer_thread_and_none_to_aiosqlite(
     sqlite_target: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The whole transaction (BEGIN IMMEDIATE, the statements, COMMIT) is one job on the sink's
+    # own sqlite3 thread: the event loop hands it over once, and aiosqlite's thread (with
+    # SQLAlchemy's Python on the loop for each of its trips) is not used by the write at all.
     sink = SqlSink(sqlite_target.url, spool_path=sqlite_target.spool)
     async with asyncio.timeout(60):
         await sink.start()
-        await run_guarded(sink, script("resp_warm"))  # the pool's first connection, the schema check
+        await run_guarded(sink, script("resp_warm"))  # the schema check, the thread's connection
         await sink.flush()
         written = sink.stats.batches_written
-        with trips(monkeypatch) as seen:
+        with trips(monkeypatch) as seen, hand_offs(monkeypatch) as ran_on:
             await run_guarded(sink, script("resp_counted"))
             await sink.flush()
         cycles = sink.stats.batches_written - written
         await sink.aclose()
 
     assert cycles >= 1
-    assert seen.count("execute") == cycles, seen  # BEGIN IMMEDIATE, straight to the driver
-    assert seen.count("commit") == cycles, seen
-    assert "rollback" not in seen, seen  # nothing is open after a commit: no reset trip
-    assert "cursor" not in seen and "close" not in seen, seen  # no SQLAlchemy cursor around BEGIN
-    statements = [name for name in seen if name not in ("execute", "commit")]
-    assert set(statements) == {"_execute_fetchall"}, seen
-    assert len(statements) <= 3 * cycles, seen  # the row upsert, events, transitions
+    assert seen == [], seen  # no trip to aiosqlite's thread
+    assert len(ran_on) == cycles, ran_on  # one hand-off per transaction
+    assert threading.get_ident() not in ran_on  # never on the event loop's thread
+
+
+async def test_a_database_locked_by_another_process_spools_the_batch_from_the_writer_thread(
+    sqlite_target: Target,
+) -> None:
+    # The writer thread's BEGIN IMMEDIATE waits busy_timeout for the lock, then the batch is an
+    # outage's (spooled, nothing lost), not refused content; once the lock is free it is replayed.
+    sink = SqlSink(sqlite_target.url, spool_path=sqlite_target.spool, busy_timeout=0.05)
+    path = _db.sqlite_path(sink.url)
+    assert path is not None
+    async with asyncio.timeout(60):
+        await sink.start()
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as holder:
+            holder.execute("BEGIN IMMEDIATE")
+            await run_guarded(sink, script("resp_locked", n_deltas=2))
+            await sink.flush()
+            holder.execute("ROLLBACK")
+        assert sink.stats.batches_spooled >= 1
+        assert sink.stats.quarantined == 0
+        result = await sink.replay_spool()
+        await sink.aclose()
+    assert result.events >= 1
+    with contextlib.closing(sqlite3.connect(path)) as check:
+        stored = check.execute(
+            f"SELECT count(*) FROM {events.name} WHERE response_id = 'resp_locked'"
+        ).fetchone()
+        status = check.execute(
+            f"SELECT status FROM {responses.name} WHERE response_id = 'resp_locked'"
+        ).fetchone()
+    assert status == ("completed",)
+    assert stored[0] >= 4
 
 
 async def test_a_connection_handed_back_inside_a_transaction_is_rolled_back(tmp_path: Path) -> None:

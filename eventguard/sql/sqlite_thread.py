@@ -1,0 +1,239 @@
+"""The sink's SQLite writes on a thread of their own, through the stdlib ``sqlite3`` module.
+
+The event loop that serves a host's requests hands a whole transaction over in one trip (a
+callable, a future back) and does nothing more for it: building the rows, binding them, SQLite's
+work and the commit all happen on the writer thread, and ``sqlite3`` releases the GIL while SQLite
+runs. Through SQLAlchemy's aiosqlite adapter the same transaction was five trips to aiosqlite's
+thread, each one a turn of the event loop and SQLAlchemy's own Python on it (issue 13).
+
+Only the sink's hot write path comes here (:mod:`eventguard.sink.commit`). The schema, the
+migrations, the quarantine's own writes and every read stay on SQLAlchemy's engine; both open the
+same file, with the same pragmas (WAL, ``busy_timeout``, foreign keys, ``synchronous=NORMAL``),
+and every write transaction begins ``IMMEDIATE``, so the two never upgrade a read lock into a
+failed write. The statements are the ones the aiosqlite path ran (:mod:`eventguard.sink.apply`):
+the database enforces the same constraints, whichever connection sends them.
+
+Errors from SQLite are raised as SQLAlchemy's ``DBAPIError`` (as the engine raises them), so the
+sink tells refused content from an absent database the same way. A connection that saw an
+``OperationalError`` (a locked, missing or full database) is closed and opened again for the
+next transaction.
+
+**Back-pressure.** The writer submits one transaction at a time (it holds its lock around each
+write), so at most one job waits in the queue per event loop; what the streams buffer meanwhile
+is bounded by the sink's ``max_buffered`` (past it, the spool). A job whose caller stopped
+waiting (cancelled, timed out) still runs to its end: every statement is idempotent, so the
+same batches written again from the spool change nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import create_engine as _sync_engine
+from sqlalchemy.engine import Connection, Dialect, Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import StaticPool
+
+__all__ = ["SqliteConnection", "SqliteThread", "drive"]
+
+T = TypeVar("T")
+
+#: What the thread's queue holds: a job and where its outcome goes, or None to stop.
+_Job = tuple[Callable[["SqliteConnection"], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+
+
+def drive(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to its end here, synchronously: the sink's statements are written as
+    coroutines (the PostgreSQL path awaits its driver), and on the writer thread every await
+    they make returns at once (:class:`SqliteConnection` never suspends). An await that would
+    suspend is a bug, said as one."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    coro.close()
+    raise RuntimeError("a statement on the SQLite writer thread awaited something that suspends")
+
+
+class SqliteConnection:
+    """What the sink's statements see on the writer thread, in place of an ``AsyncConnection``:
+    ``dialect``, ``execute`` (a SQLAlchemy construct, for the rare reads and quarantine rows)
+    and :meth:`run` (one SQL text, the hot path)."""
+
+    def __init__(self, raw: sqlite3.Connection, engine: Engine) -> None:
+        self.raw = raw
+        self._engine = engine
+        self._conn: Connection | None = None
+        #: The dialect the bind processors come from (pysqlite's: the same formats as aiosqlite's).
+        self.dialect: Dialect = engine.dialect
+
+    def run(self, sql: str, params: tuple[Any, ...]) -> int:
+        """Run one statement in the open transaction; the rows it changed."""
+        before = self.raw.total_changes
+        try:
+            self.raw.execute(sql, params).close()
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
+        return self.raw.total_changes - before
+
+    async def execute(self, statement: Any, parameters: Any = None) -> Any:
+        """A SQLAlchemy construct through a sync connection over the same ``sqlite3`` connection
+        (inside the open transaction: SQLAlchemy's own BEGIN is a no-op in autocommit mode)."""
+        if self._conn is None:
+            self._conn = self._engine.connect()
+        return self._conn.execute(statement, parameters)
+
+    def release(self) -> None:
+        """Let go of the sync connection (after the commit or the rollback: its own rollback on
+        close then finds nothing open)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+class SqliteThread:
+    """One thread, one ``sqlite3`` connection to ``path``: runs write transactions handed over
+    from any event loop. ``busy_timeout_ms``: how long a transaction waits for another process's
+    write lock; ``json_serializer`` / ``json_deserializer``: the engine's, for JSON columns."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        busy_timeout_ms: int,
+        json_serializer: Callable[[Any], str],
+        json_deserializer: Callable[[Any], Any],
+    ) -> None:
+        self.path = path
+        self._busy_timeout_ms = busy_timeout_ms
+        self._json = (json_serializer, json_deserializer)
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._conn: SqliteConnection | None = None
+
+    async def transaction(self, job: Callable[[SqliteConnection], T]) -> T:
+        """``job(conn)`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the writer thread (rolled
+        back if it raises, and its error raised here)."""
+        return await self.call(lambda conn: _in_transaction(conn, job))
+
+    async def call(self, job: Callable[[SqliteConnection], T]) -> T:
+        """``job(conn)`` on the writer thread, its result (or error) back here."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._start()
+        self._jobs.put((job, loop, future))
+        return await future
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._work, name=f"eventguard-sqlite {self.path.name}", daemon=True
+                )
+                self._thread.start()
+
+    async def close(self) -> None:
+        """Stop the thread once its queued jobs are done, and close its connection."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._jobs.put(None)
+        await asyncio.to_thread(thread.join)
+
+    # -- on the thread -------------------------------------------------------------------------
+    def _work(self) -> None:
+        try:
+            while (item := self._jobs.get()) is not None:
+                job, loop, future = item
+                try:
+                    result = job(self._connection())
+                except BaseException as exc:
+                    if isinstance(exc, sqlite3.OperationalError | DBAPIError):
+                        self._drop()  # locked, missing, full: a fresh connection next time
+                    _settle(loop, future, None, exc)
+                else:
+                    _settle(loop, future, result, None)
+        finally:
+            self._drop()
+
+    def _connection(self) -> SqliteConnection:
+        if self._conn is not None:
+            return self._conn
+        try:
+            raw = sqlite3.connect(
+                self.path, timeout=self._busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance("connect", None, exc, sqlite3.Error) from exc
+        try:
+            # The engine's pragmas (eventguard.sql.engine.create_engine), on this connection too.
+            raw.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+            raw.execute("PRAGMA journal_mode = WAL")
+            raw.execute("PRAGMA foreign_keys = ON")
+            raw.execute("PRAGMA synchronous = NORMAL")
+        except sqlite3.Error as exc:
+            raw.close()
+            raise DBAPIError.instance("PRAGMA", None, exc, sqlite3.Error) from exc
+        serializer, deserializer = self._json
+        engine = _sync_engine(
+            "sqlite://",
+            creator=lambda: raw,
+            poolclass=StaticPool,
+            pool_reset_on_return=None,
+            json_serializer=serializer,
+            json_deserializer=deserializer,
+        )
+        # Its first connect initialises the dialect and then rolls back: here, outside any
+        # transaction of ours, not inside the first one that needs it.
+        with contextlib.suppress(Exception):
+            engine.connect().close()
+        self._conn = SqliteConnection(raw, engine)
+        return self._conn
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        conn.release()
+        with contextlib.suppress(Exception):
+            conn.raw.close()
+
+
+def _in_transaction(conn: SqliteConnection, job: Callable[[SqliteConnection], T]) -> T:
+    conn.run("BEGIN IMMEDIATE", ())
+    try:
+        result = job(conn)
+        conn.run("COMMIT", ())
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error, DBAPIError):
+            if conn.raw.in_transaction:
+                conn.raw.execute("ROLLBACK")
+        raise
+    finally:
+        conn.release()
+    return result
+
+
+def _settle(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any, error: BaseException | None
+) -> None:
+    def settle() -> None:
+        if future.done():
+            return  # its caller stopped waiting (cancelled, timed out)
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
+        loop.call_soon_threadsafe(settle)
