@@ -51,10 +51,7 @@ class FencedResponseProvider(SqlResponseProvider):
         try:
             await super().update_response(response, context=context)
         except FencedOutError as exc:
-            replica = self.replica
-            if replica is not None:
-                response_id = response.get("id") if isinstance(response, dict) else None
-                await replica.record_fenced_out(str(response_id), str(exc))
+            await self._note_fenced_out(response, exc)
             raise
 
     async def create_response(
@@ -64,11 +61,15 @@ class FencedResponseProvider(SqlResponseProvider):
         try:
             await super().create_response(response, input_items, history_item_ids, context=context)
         except FencedOutError as exc:
-            replica = self.replica
-            if replica is not None:
-                response_id = response.get("id") if isinstance(response, dict) else None
-                await replica.record_fenced_out(str(response_id), str(exc))
+            await self._note_fenced_out(response, exc)
             raise
+
+    async def _note_fenced_out(self, response: Any, exc: FencedOutError) -> None:
+        """Record, as an anomaly of the response, a write the database refused by its fencing token."""
+        replica = self.replica
+        if replica is not None:
+            response_id = response.get("id") if isinstance(response, dict) else None
+            await replica.record_fenced_out(str(response_id), str(exc))
 
     async def _fence_update(
         self, conn: AsyncConnection, part: str, response_id: str, status: str | None
