@@ -85,6 +85,9 @@ class Cause(StrEnum):
     CLOSED_EARLY = "closed_early"
     RECOVERY = "recovery"
     RECOVER_POLICY = "recover_policy"
+    #: The replica that ran the response is gone: its lease expired and a survivor ended it
+    #: (eventguard.replicas).
+    OWNER_LOST = "owner_lost"
 
 
 class AnomalyKind(StrEnum):
@@ -114,6 +117,9 @@ class AnomalyKind(StrEnum):
     VALUE_ESCAPED = "value_escaped"
     #: A second stream carried this response's id and attempt: refused as a whole (sink.apply).
     DUPLICATE_STREAM = "duplicate_stream"
+    #: A replica's write was refused by its fencing token: another replica (or the reaper) took the
+    #: response over after this one's lease expired (eventguard.replicas).
+    FENCED_OUT = "fenced_out"
 
     @property
     def correction(self) -> bool:

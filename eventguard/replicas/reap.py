@@ -12,11 +12,12 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from eventguard.lifecycle import Cause
 from eventguard.provider import _dump, _load, _shown
 from eventguard.sql.tables import ENDED, provider_responses, responses, transitions
 
 #: The cause the reaper records: the replica that ran the response is gone (its lease expired).
-OWNER_LOST = "owner_lost"
+OWNER_LOST = Cause.OWNER_LOST.value
 
 
 def failed_envelope(body: dict[str, Any], reaper: str) -> dict[str, Any]:

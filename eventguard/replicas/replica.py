@@ -15,6 +15,7 @@ from sqlalchemy import event, func, literal, select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from eventguard.lifecycle import AnomalyKind
 from eventguard.provider import _key, _partition, _shown
 from eventguard.replicas import leases as lease_sql
 from eventguard.replicas.fenced import FencedResponseProvider
@@ -288,7 +289,7 @@ class Replica:
         log.warning("fenced out: %s", reason)
         try:
             async with self._tx() as conn:
-                await record_anomaly(conn, response_id, "fenced_out", reason)
+                await record_anomaly(conn, response_id, AnomalyKind.FENCED_OUT.value, reason)
         except Exception as exc:
             log.error("could not record the fenced-out write of %r: %s", response_id, exc)
 
