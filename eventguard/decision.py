@@ -110,6 +110,7 @@ class Flags:
 
     @property
     def steering(self) -> bool:
+        """The signal is set, but neither by a client cancel nor by shutdown: by steering."""
         # The signal is shared by client cancel, steering and (some paths of) shutdown; steering is
         # what is left when neither of the other two flags is set.
         return self.signal and not self.client_cancelled and not self.shutdown
@@ -131,6 +132,9 @@ class Decision:
 
 def decide(ending: Ending, flags: Flags, options: GuardOptions | None = None) -> Decision:
     """Decide what to forward and how the lifecycle ends. Pure: same inputs, same answer.
+
+    ``ending`` is how the inner stream ended (its terminal, or none and why); ``flags`` the host's
+    cause flags at that moment.
 
     Of ``options`` (the guard's :class:`~eventguard.guard.options.GuardOptions`; None: the defaults)
     it reads ``on_cancel``, ``keep_shutdown_completion`` and ``recoverable`` (None counts as False).

@@ -56,6 +56,7 @@ class IllegalTransition(EventGuardError):
     """The lifecycle state machine refused a transition.
 
     The guard records it as an anomaly and carries on, unless it was built with ``strict=True``.
+    ``from_state`` and ``to_state`` are the refused move; ``reason`` says why it was asked for.
     """
 
     def __init__(self, from_state: State, to_state: State, reason: str) -> None:
@@ -102,7 +103,8 @@ class StorageError(EventGuardError):
 class SchemaMismatchError(StorageError):
     """The database's schema is not the one this eventguard version writes.
 
-    ``command`` is what to run about it; ``current`` and ``expected`` are Alembic revisions.
+    ``message`` says what differs; ``command`` is what to run about it; ``current`` and
+    ``expected`` are Alembic revisions.
     """
 
     def __init__(

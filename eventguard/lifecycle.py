@@ -234,29 +234,37 @@ class Lifecycle(BaseModel):
 
     @classmethod
     def for_recovery(cls, info: ResponseInfo) -> Lifecycle:
-        """A recovered re-entry starts where the first attempt stopped: interrupted, next attempt."""
+        """A recovered re-entry of the response ``info`` describes starts where the first attempt
+        stopped: interrupted, next attempt."""
         return cls(info=info, state=State.INTERRUPTED, attempt=2)
 
     @property
     def ended(self) -> bool:
+        """The stream is over, for now: a terminal state, or ``interrupted`` (a recovery may follow)."""
         return self.state in ENDED_STATES
 
     @property
     def terminal(self) -> bool:
+        """The response has its one terminal (``completed``, ``incomplete``, ``failed``, ``cancelled``)."""
         return self.state in TERMINAL_STATES
 
     @property
     def duration_ms(self) -> float | None:
+        """Milliseconds from start (or creation) to the end; None while it runs or when unknown."""
         start = self.started_at or self.created_at
         if start is None or self.finished_at is None:
             return None
         return (self.finished_at - start).total_seconds() * 1000.0
 
     def can_transition(self, to: State) -> bool:
+        """Whether ``to`` is an allowed next state (``ALLOWED_TRANSITIONS``); nothing changes."""
         return to in ALLOWED_TRANSITIONS[self.state]
 
     def transition(self, to: State, *, cause: Cause | None = None, reason: str = "") -> Transition:
-        """Move to ``to`` or raise :class:`IllegalTransition`; the state is unchanged on refusal."""
+        """Move to ``to`` or raise :class:`IllegalTransition`; the state is unchanged on refusal.
+
+        ``cause`` says why (kept when ``to`` ends the lifecycle); ``reason`` is the text a person reads.
+        """
         src = self.state
         if to not in ALLOWED_TRANSITIONS[src]:
             raise IllegalTransition(src, to, reason or "not an allowed transition")
@@ -298,7 +306,11 @@ class Lifecycle(BaseModel):
         event_index: int | None = None,
         payload: Any = None,
     ) -> Anomaly:
-        """Record an anomaly: something refused or repaired, with the reason a person can read."""
+        """Record an anomaly: something refused or repaired, with the reason a person can read.
+
+        ``kind`` says what it is about; ``event_type``, ``event_index`` and ``payload`` locate the event
+        it concerns, where there is one. It is also reported (:mod:`eventguard.telemetry`).
+        """
         anomaly = Anomaly(
             index=len(self.anomalies),
             attempt=self.attempt,

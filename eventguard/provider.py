@@ -325,6 +325,13 @@ class SqlResponseProvider:
             an existing one; ``True`` also upgrades; ``False`` only checks.
         statement_timeout: seconds after which a PostgreSQL statement fails (a storage error, not a
             hang); ``busy_timeout``: seconds SQLite waits for another writer's lock.
+        connect_timeout: seconds to wait for a connection (PostgreSQL) before failing with a
+            storage error.
+
+    The seven ``ResponseProviderProtocol`` methods take the host's arguments; each one's ``context``
+    is the host's ``ResponseContext``, whose ``user_id_key`` names the partition (``None``, ``""``
+    and a named user are distinct; 2.2.0b1's host passes none: one partition). A database that
+    fails raises :class:`~eventguard.ProviderStorageError`, never ``KeyError``.
 
     Every method is safe to call from several tasks and processes at once. The schema is checked
     (and created, per ``auto_migrate``) by :meth:`start`, or on the first call.
@@ -412,7 +419,7 @@ class SqlResponseProvider:
             return await conn.run_sync(lambda c: inspect(c).has_table(provider_responses.name))
 
     async def migrate(self, revision: str = "head") -> None:
-        """Upgrade the database schema (what ``eventguard db upgrade`` runs)."""
+        """Upgrade the database schema to ``revision`` (what ``eventguard db upgrade`` runs)."""
         await _migrate.upgrade(self.engine, revision)
 
     async def aclose(self) -> None:
@@ -555,7 +562,8 @@ class SqlResponseProvider:
             raise ResponseAlreadyExistsError(prepared.response_id)
 
     async def get_response(self, response_id: str, *, context: Any = None) -> Any:
-        """The stored envelope (a fresh copy). ``KeyError`` when missing or deleted."""
+        """The stored envelope of ``response_id`` (a fresh copy) in ``context``'s partition.
+        ``KeyError`` when missing or deleted."""
         part = _partition(context)
         key = _key(_id_of(response_id, "response_id"))
         r = provider_responses
@@ -577,7 +585,8 @@ class SqlResponseProvider:
         return _load(body, f"response {response_id!a}")
 
     async def update_response(self, response: Any, *, context: Any = None) -> None:
-        """Replace a live response's envelope, and its output items, in one transaction.
+        """Replace a live response's envelope (``response``, keyed by its ``id``, in ``context``'s
+        partition), and its output items, in one transaction.
 
         ``KeyError`` when the response is missing or deleted (never an upsert).
         """
@@ -611,7 +620,8 @@ class SqlResponseProvider:
             raise KeyError(f"response '{prepared.response_id}' not found")
 
     async def delete_response(self, response_id: str, *, context: Any = None) -> None:
-        """Soft-delete a live response (its items stay). ``KeyError`` when missing or deleted."""
+        """Soft-delete the live response ``response_id`` in ``context``'s partition (its items stay).
+        ``KeyError`` when missing or deleted."""
         part = _partition(context)
         now = datetime.now(UTC)
         r = provider_responses
@@ -654,7 +664,8 @@ class SqlResponseProvider:
         *,
         context: Any = None,
     ) -> list[Any]:
-        """A response's history then input items, newest first unless ``ascending``.
+        """The history then input items of ``response_id`` (in ``context``'s partition), newest first
+        unless ``ascending``.
 
         ``after``/``before`` are item ids (ignored when not in the list); ``limit`` is clamped to
         1..100; ids whose item was never stored are skipped. ``KeyError`` when the response is
@@ -689,7 +700,8 @@ class SqlResponseProvider:
         return [_load(bodies[i], f"item {i!a}") for i in ids if i in bodies]
 
     async def get_items(self, item_ids: Iterable[str], *, context: Any = None) -> list[Any | None]:
-        """The items by id, in the order asked (``None`` for an id with no stored item)."""
+        """The items of ``item_ids`` (in ``context``'s partition), in the order asked (``None`` for an
+        id with no stored item)."""
         part = _partition(context)
         ids = [_id_of(i, "an item id") for i in item_ids]
         if not ids:
@@ -706,9 +718,9 @@ class SqlResponseProvider:
         *,
         context: Any = None,
     ) -> list[str]:
-        """The item ids a new response's history holds.
+        """The item ids a new response's history holds (in ``context``'s partition).
 
-        The previous response's history + input + output ids, then each live conversation
+        The ``previous_response_id``'s history + input + output ids, then each live ``conversation_id``
         member's (in the order they joined), de-duplicated keeping the first occurrence; the last
         ``limit`` of them (``-1``: all; ``0`` or less: none). A missing or deleted previous
         response contributes nothing.

@@ -17,7 +17,8 @@ class Recorder(Protocol):
     """Records one response's stream. Created by a :class:`Sink` for each guard."""
 
     def event(self, index: int, event_type: str | None, event: object) -> None:
-        """Called once per forwarded event, in order, on the guard's hot path.
+        """Called once per forwarded event, in order, on the guard's hot path: ``index`` counts from 0,
+        ``event_type`` is its ``type`` (None when it has none), ``event`` the object forwarded.
 
         Must not await or do I/O: buffer a reference and serialise later. Events are not mutated
         after they were forwarded.

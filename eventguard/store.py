@@ -92,7 +92,8 @@ class ResponseStore:
 
     # -- reads -----------------------------------------------------------------------------------
     async def get(self, response_id: str) -> ResponseRecord | None:
-        """The response's row, by its id as the host gave it or as stored (see :func:`stored_id`)."""
+        """The response's row, by ``response_id`` as the host gave it or as stored (see
+        :func:`stored_id`); None when no such response is stored."""
         response_id = stored_id(response_id)
         async with self._reader.begin() as conn:
             row = (
@@ -116,7 +117,8 @@ class ResponseStore:
         ended when the first page was read never repeats or skips a row. It is not a feed of new
         endings: ``pk`` is given when a response starts, so one that ends later can sit behind the
         cursor. To follow endings as they happen, poll with ``since=`` the last ``finished_at``
-        seen (minus a little, for concurrent writers) and skip ids already read.
+        seen (minus a little, for concurrent writers) and skip ids already read. ``status`` keeps only
+        these ended statuses (one or several; default all).
         """
         wanted = _statuses(status, allowed=ENDED) if status is not None else ENDED
         r = responses.c
@@ -175,6 +177,16 @@ class ResponseStore:
         limit: int = 100,
         after: int | None = None,
     ) -> Page[AnomalyRecord]:
+        """Stored anomalies, oldest row first, ``limit`` per page (1 to 10,000).
+
+        Args:
+            response_id: only this response's (as the host gave it or as stored).
+            kind: only these kinds (an :class:`eventguard.AnomalyKind` value or several).
+            since: only anomalies noted at or after it; ``until``: before it (exclusive).
+            until: see ``since``. A naive time is UTC.
+            limit: at most this many per page.
+            after: the cursor: the last page's ``next_after`` (a row key); None for the first page.
+        """
         a = anomalies.c
         query = select(anomalies)
         if response_id is not None:
@@ -185,7 +197,8 @@ class ResponseStore:
         return await self._page(query, a.pk, limit, after, AnomalyRecord)
 
     async def history(self, response_id: str) -> History | None:
-        """The response and, per attempt in order, its events, transitions and anomalies."""
+        """The response ``response_id`` (as given or as stored) and, per attempt in order, its events,
+        transitions and anomalies; None when no such response is stored."""
         response_id = stored_id(response_id)
         async with self._reader.begin() as conn:
             row = (
@@ -288,7 +301,8 @@ class ResponseStore:
         For rows whose writer is gone (a crashed replica; a host that never resumed its handler).
         Idempotent, and safe beside live writers: each row is taken with an optimistic version
         check, and a live writer can still record its terminal over "interrupted". Returns the
-        ids it marked. Its transition is numbered below zero, outside the writer's own numbering.
+        ids it marked, at most ``limit`` per call. Its transition is numbered below zero, outside the
+        writer's own numbering.
         """
         if policy not in ("interrupted", "failed"):
             raise InvalidQueryError(f"policy must be 'interrupted' or 'failed', not {policy!r}")

@@ -215,3 +215,86 @@ def test_the_heavy_names_are_imported_on_first_use() -> None:
 def test_an_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
         eventguard.NoSuchName  # noqa: B018
+
+
+def _own_members(cls: type) -> list[tuple[str, object]]:
+    """The public functions and properties a class defines itself (not what it inherits)."""
+    members = []
+    for attr, value in vars(cls).items():
+        if attr.startswith("_"):
+            continue
+        target = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        if inspect.isfunction(target) or isinstance(target, property):
+            members.append((f"{cls.__name__}.{attr}", target))
+    return members
+
+
+def _callables_users_call() -> list[tuple[str, object]]:
+    """Every exported function, and every public method and property of an exported class, except
+    pydantic records (their fields are the docs) and enums (their values are)."""
+    from enum import Enum
+
+    from pydantic import BaseModel
+
+    found: list[tuple[str, object]] = []
+    for name in sorted(set(EXPORTED) - UNDOCUMENTED - {"__version__"}):
+        value = getattr(eventguard, name)
+        if inspect.isfunction(value):
+            found.append((name, value))
+        elif inspect.isclass(value) and not issubclass(value, (BaseModel, Enum)):
+            found.extend(_own_members(value))
+    return found
+
+
+@pytest.mark.parametrize(("label", "member"), _callables_users_call(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_public_callable_documents_each_of_its_parameters(label: str, member: object) -> None:
+    """help() on a public function or method says what it is and names every parameter it takes."""
+    doc = inspect.getdoc(member) or ""
+    assert doc.strip(), f"{label} has no docstring"
+    if isinstance(member, property):
+        return
+    assert callable(member)
+    unnamed = [
+        p
+        for p in inspect.signature(member).parameters
+        if p not in ("self", "cls") and not re.search(rf"\b{re.escape(p)}\b", doc)
+    ]
+    assert not unnamed, f"{label}'s docstring does not name {unnamed}"
+
+
+def _constructors_users_call() -> list[tuple[str, type]]:
+    """Exported classes built with arguments of their own (not pydantic records, enums, protocols or
+    dataclasses, whose fields carry ``#:`` docs)."""
+    import dataclasses
+    from enum import Enum
+    from typing import Protocol
+
+    from pydantic import BaseModel
+
+    found = []
+    for name in sorted(set(EXPORTED) - UNDOCUMENTED - {"__version__"}):
+        value = getattr(eventguard, name)
+        if not inspect.isclass(value) or issubclass(value, (BaseModel, Enum)):
+            continue
+        if dataclasses.is_dataclass(value) or Protocol in value.__mro__ or "__init__" not in vars(value):
+            continue
+        found.append((name, value))
+    return found
+
+
+#: Built by a factory whose docstring names the arguments (Guard by guard()).
+BUILT_BY_A_FACTORY = {"Guard"}
+
+
+@pytest.mark.parametrize(("name", "cls"), _constructors_users_call(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_public_constructor_documents_each_of_its_parameters(name: str, cls: type) -> None:
+    """The class's docstring (or its __init__'s) names every argument it is built with."""
+    if name in BUILT_BY_A_FACTORY:
+        pytest.skip(f"{name} is built by a factory: its docstring says which")
+    doc = (inspect.getdoc(cls) or "") + "\n" + (vars(cls)["__init__"].__doc__ or "")
+    unnamed = [
+        p
+        for p in inspect.signature(vars(cls)["__init__"]).parameters
+        if p not in ("self", "args", "kwargs") and not re.search(rf"\b{re.escape(p)}\b", doc)
+    ]
+    assert not unnamed, f"{name}'s docstring does not name {unnamed}"

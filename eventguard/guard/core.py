@@ -82,14 +82,35 @@ def guard(
 ) -> Guard:
     """Guard ``stream``: pass its events through unchanged and decide its terminal by cause.
 
-    ``context`` (the host's ``ResponseContext``) supplies the cause flags and what is known about the
-    response; without it a set signal counts as a client cancel. ``cancel_grace=None`` turns off the
-    watchdog that detects a stuck inner stream or a host that stopped iterating. ``recoverable``
-    says whether a run stopped by shutdown can be recovered (``interrupted``) or is lost (``failed``);
-    by default a stored background run of a resilient host is. ``process_shutdown`` (anything with
-    ``is_set()``) is set when the server process begins shutting down: a stream that then ends without
-    finishing (cancelled, abandoned, cut off) was stopped by shutdown even when the host never told
-    this response, as it does not tell background runs. See the README for the whole table.
+    Args:
+        stream: the inner stream (``_handle_response``'s events); the guard owns it and closes it once.
+        cancellation_signal: the host's signal for this response (anything with ``is_set()``); set,
+            it is a cause: a client cancel, steering or shutdown, as ``context`` tells.
+        context: the host's ``ResponseContext``: it supplies the cause flags and what is known about
+            the response; without it a set signal counts as a client cancel.
+        sink: where the verified lifecycle and events are recorded (a :class:`~eventguard.SqlSink`);
+            None records nothing.
+        on_cancel: ``"omit"`` forwards no terminal on a client cancel (the host writes the cancel);
+            ``"emit"`` forwards one ``response.failed`` with status ``cancelled``.
+        cancel_grace: seconds the stream gets after a cause is signalled before the watchdog steps in
+            (a stuck inner stream, a host that stopped iterating); None turns the watchdog off.
+        keep_shutdown_completion: keep a ``completed`` produced after shutdown was signalled
+            (recorded as unverified) instead of failing it.
+        strict: raise ``InvalidEvent`` / ``IllegalTransition`` on bad input instead of recording an
+            anomaly and going on.
+        recoverable: whether a run stopped by shutdown can be recovered (``interrupted``) or is lost
+            (``failed``); None: a stored background run of a resilient host is.
+        info: what is known about the response (id, background, stored) when there is no ``context``.
+        flush_timeout: bound, in seconds, on the final flush to the sink; it goes on in the
+            background after that.
+        process_shutdown: anything with ``is_set()``, set when the server process begins shutting
+            down: a stream that then ends without finishing (cancelled, abandoned, cut off) was
+            stopped by shutdown even when the host never told this response, as it does not tell
+            background runs.
+
+    Returns:
+        A :class:`Guard`: iterate it (``async for``) in place of ``stream``. See the README for the
+        whole table of terminals by cause.
     """
     options = GuardOptions(
         on_cancel=on_cancel,
@@ -343,6 +364,9 @@ class _Core:
 
 class Guard:
     """A single-use async iterator and async context manager over one guarded stream.
+
+    Made by :func:`guard`, whose arguments it takes (``options`` is them as one
+    :class:`GuardOptions`); build it through :func:`guard`.
 
     The facade of the guard: its protocols. What it guards with lives in ``_Core``, which the hot loop's
     generator holds instead of this object, so that nothing but its consumer keeps a Guard alive.

@@ -18,7 +18,11 @@ FINISHED_TYPES: frozenset[str] = LIFECYCLE_TYPES | {"response.output_item.done"}
 
 
 class EventFilter:
-    """Decides which forwarded events are stored. The response row and transitions always are."""
+    """Decides which forwarded events are stored. The response row and transitions always are.
+
+    ``mode`` is an :data:`EventMode` (``"all"``, ``"finished"``, ``"lifecycle"``); ``predicate``, an
+    :data:`EventPredicate`, refines it: an event is kept when the mode and the predicate both keep it.
+    """
 
     __slots__ = ("_allowed", "mode", "predicate")
 
@@ -34,6 +38,7 @@ class EventFilter:
         }[mode]
 
     def keep(self, event_type: str | None, event: object) -> bool:
+        """Whether the event (its ``event_type`` and the ``event`` forwarded) is stored."""
         allowed = self._allowed
         if allowed is not None and event_type not in allowed:
             return False
