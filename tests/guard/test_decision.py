@@ -216,3 +216,27 @@ def test_the_deprecation_warnings_point_at_the_callers_line() -> None:
     with pytest.warns(DeprecationWarning, match="process_shutdown") as read:
         assert flags.process_exiting is True
     assert [w.filename for w in (*built, *read)] == [__file__, __file__]
+
+
+def test_a_cancel_terminal_is_forwarded_only_for_on_cancel_exactly_emit() -> None:
+    """``decide()`` does not call ``GuardOptions.check()`` (the guard does, when it is built), so an
+    options value the check would refuse can reach the table through the public API: anything but
+    ``"emit"``, even a string that sorts before it, is ``"omit"``. Mutation run 2026-12-01
+    (decision.py): ``on_cancel == "emit"`` becoming ``<=`` survived, called equivalent over the two
+    accepted values; applied by hand, this test fails on it."""
+    for unchecked in ("Emit", "cancel", "", "emi"):
+        d = decide(Ending.COMPLETED, CLIENT_CANCEL, GuardOptions(on_cancel=unchecked))  # type: ignore[arg-type]
+        assert d.forward is Forward.NOTHING, unchecked
+    assert decide(Ending.COMPLETED, CLIENT_CANCEL, EMIT).forward is Forward.CANCELLED
+
+
+def test_the_fields_of_flags_report_the_defaults_its_constructor_uses() -> None:
+    """``Flags`` has its own ``__init__`` (for the deprecated keyword), so its dataclass field defaults
+    are never used to build one; they are what ``dataclasses.fields()`` tells a tool that reads the
+    dataclass (a serialiser, a form, a docs generator), so they must say what ``Flags()`` does.
+    Mutation run 2026-12-01 (decision.py): each field default ``False`` becoming ``True`` survived;
+    applied by hand, this test fails on each of the four."""
+    built = Flags()
+    reported = {f.name: f.default for f in dataclasses.fields(Flags)}
+    assert reported == {name: getattr(built, name) for name in reported}
+    assert reported == dict.fromkeys(("signal", "client_cancelled", "shutdown", "process_shutdown"), False)
