@@ -246,7 +246,9 @@ def _callables_users_call() -> list[tuple[str, object]]:
     return found
 
 
-@pytest.mark.parametrize(("label", "member"), _callables_users_call(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    ("label", "member"), _callables_users_call(), ids=lambda v: v if isinstance(v, str) else ""
+)
 def test_every_public_callable_documents_each_of_its_parameters(label: str, member: object) -> None:
     """help() on a public function or method says what it is and names every parameter it takes."""
     doc = inspect.getdoc(member) or ""
@@ -286,7 +288,9 @@ def _constructors_users_call() -> list[tuple[str, type]]:
 BUILT_BY_A_FACTORY = {"Guard"}
 
 
-@pytest.mark.parametrize(("name", "cls"), _constructors_users_call(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    ("name", "cls"), _constructors_users_call(), ids=lambda v: v if isinstance(v, str) else ""
+)
 def test_every_public_constructor_documents_each_of_its_parameters(name: str, cls: type) -> None:
     """The class's docstring (or its __init__'s) names every argument it is built with."""
     if name in BUILT_BY_A_FACTORY:
