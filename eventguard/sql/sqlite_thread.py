@@ -154,17 +154,23 @@ class SqliteThread:
     def _work(self) -> None:
         try:
             while (item := self._jobs.get()) is not None:
-                job, loop, future = item
-                try:
-                    result = job(self._connection())
-                except BaseException as exc:
-                    if isinstance(exc, sqlite3.OperationalError | DBAPIError):
-                        self._drop()  # locked, missing, full: a fresh connection next time
-                    _settle(loop, future, None, exc)
-                else:
-                    _settle(loop, future, result, None)
+                self._run(item)
+                # The job (its batches, their events) must not stay alive while the thread waits
+                # for the next one: a held stream's events would look kept per event.
+                del item
         finally:
             self._drop()
+
+    def _run(self, item: _Job) -> None:
+        job, loop, future = item
+        try:
+            result = job(self._connection())
+        except BaseException as exc:
+            if isinstance(exc, sqlite3.OperationalError | DBAPIError):
+                self._drop()  # locked, missing, full: a fresh connection next time
+            _settle(loop, future, None, exc)
+        else:
+            _settle(loop, future, result, None)
 
     def _connection(self) -> SqliteConnection:
         if self._conn is not None:
