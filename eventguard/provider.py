@@ -362,6 +362,9 @@ class SqlResponseProvider:
         self._connect_timeout = connect_timeout
         self._secrets = _db.url_secrets(self.url)
         self._ready = False
+        # The host calls a provider it was given without start(): its first requests arrive together,
+        # and two Alembic upgrades interleaved in one process fail both. One start at a time.
+        self._starting = asyncio.Lock()
         self._sqlite = self.url.get_backend_name() == "sqlite"
         insert = sqlite_dialect.insert if self._sqlite else pg_dialect.insert
         self._insert = insert
@@ -387,7 +390,12 @@ class SqlResponseProvider:
 
     async def start(self) -> None:
         """Check the schema (creating or upgrading it per ``auto_migrate``): fails fast with
-        :class:`SchemaMismatchError` naming the command to run."""
+        :class:`SchemaMismatchError` naming the command to run. Concurrent calls check once."""
+        async with self._starting:
+            if not self._ready:
+                await self._start()
+
+    async def _start(self) -> None:
         try:
             await _migrate.check(self.engine)
         except SchemaMismatchError as exc:
