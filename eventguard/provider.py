@@ -330,7 +330,7 @@ class SqlResponseProvider:
 
     The seven ``ResponseProviderProtocol`` methods take the host's arguments; each one's ``context``
     is the host's ``ResponseContext``, whose ``user_id_key`` names the partition (``None``, ``""``
-    and a named user are distinct; 2.2.0b1's host passes none: one partition). A database that
+    and a named user are distinct, on 2.2.0b1 too, whose own stores ignore the user). A database that
     fails raises :class:`~eventguard.ProviderStorageError`, never ``KeyError``.
 
     Every method is safe to call from several tasks and processes at once. The schema is checked
