@@ -39,6 +39,8 @@ class ReplicaOptions:
             raise ValueError(f"lease must be > 0 seconds, not {self.lease!r}")
         if self.reap_policy not in ("failed", "interrupted"):
             raise ValueError(f"reap_policy must be 'failed' or 'interrupted', not {self.reap_policy!r}")
+        if self.identity is not None:
+            _check_identity(self.identity)
 
     @property
     def heartbeat_every(self) -> float:
@@ -47,3 +49,16 @@ class ReplicaOptions:
     @property
     def reap_interval(self) -> float:
         return self.reap_every if self.reap_every is not None else self.lease / 2
+
+
+def _check_identity(identity: object) -> None:
+    """The identity is stored as the lease rows' ``owner`` (``VARCHAR(255)``, compared as text on
+    every write): refuse what the database would refuse, or store changed, at the first write."""
+    if not isinstance(identity, str) or not 0 < len(identity) <= 255:
+        raise ValueError(f"identity must be a string of 1 to 255 characters, not {identity!r:.80}")
+    if not identity.isprintable():
+        raise ValueError(f"identity must be printable text (no NUL, escape or control), not {identity!r:.80}")
+    try:
+        identity.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"identity must be valid Unicode (no lone surrogate): {identity!r:.80}") from None
