@@ -278,9 +278,13 @@ async def test_a_foreground_stream_in_flight_is_not_found_on_every_replica_as_on
         a, b = await replicas(stack, database, tmp_path, 2)
         rid = new_id()
         body = {"model": "m", "input": "slow", "stream": True}
-        async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP), http.stream(
-            "POST", f"{a.base_url}/responses", json=body, headers={"x-agent-response-id": rid}
-        ) as streaming:
+        async with (
+            httpx.AsyncClient(timeout=STEP) as http,
+            asyncio.timeout(STEP),
+            http.stream(
+                "POST", f"{a.base_url}/responses", json=body, headers={"x-agent-response-id": rid}
+            ) as streaming,
+        ):
             lines = streaming.aiter_lines()
             await anext(lines)
             await started_on(conn, rid)
@@ -292,3 +296,43 @@ async def test_a_foreground_stream_in_flight_is_not_found_on_every_replica_as_on
             bases = (a.base_url, b.base_url)
             got = [(await http.get(f"{u}/responses/{rid}")).json()["status"] for u in bases]
             assert got == ["completed", "completed"]
+
+
+def _text_of(body: dict[str, Any]) -> str:
+    """The output text of a response as a GET answers it (every message part, joined)."""
+    parts = [
+        part.get("text") or ""
+        for item in body.get("output") or []
+        if isinstance(item, dict)
+        for part in item.get("content") or []
+        if isinstance(part, dict)
+    ]
+    return "".join(parts)
+
+
+@pytest.mark.postgres
+async def test_a_get_on_another_replica_shows_the_output_stored_so_far_before_the_terminal(
+    db: tuple[Database, Any], tmp_path: Path
+) -> None:
+    database, conn = db
+    async with AsyncExitStack() as stack:
+        a, b = await replicas(stack, database, tmp_path, 2)
+        rid = new_id()
+        assert (await post(a.base_url, "slow", rid)).status_code == 200  # "a", "b", "c", 1 s apart
+        stored = "SELECT 1 FROM eventguard_provider_responses WHERE response_id = $1"
+        await poll(lambda: conn.fetchval(stored, rid), "the response.created envelope")
+        seen: list[tuple[str, str]] = []
+        async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP):
+            while True:
+                got = (await http.get(f"{b.base_url}/responses/{rid}")).json()
+                seen.append((got.get("status"), _text_of(got)))
+                assert got.get("status") == "in_progress", f"ended before B showed any output: {seen}"
+                if _text_of(got):
+                    break
+                await asyncio.sleep(0.05)
+            assert "abc".startswith(_text_of(got)) and got["output"][0]["type"] == "message"
+            async with client(b.base_url) as cb:
+                assert await wait_status(cb, rid, {"completed"}) == "completed"
+            ended = (await http.get(f"{b.base_url}/responses/{rid}")).json()
+            owner = (await http.get(f"{a.base_url}/responses/{rid}")).json()
+            assert _text_of(ended) == _text_of(owner) == "abc", (ended, owner)
