@@ -99,8 +99,11 @@ async def _postgres() -> AsyncIterator[tuple[Database, Any]]:
             await conn.close()
 
 
-async def replicas(stack: AsyncExitStack, database: Database, root: Path, n: int) -> list[Lifetime]:
-    """``n`` replicas on the database, started one after the other (the first creates the schema)."""
+async def replicas(
+    stack: AsyncExitStack, database: Database, root: Path, n: int, policy: str = "failed"
+) -> list[Lifetime]:
+    """``n`` replicas on the database, started one after the other (the first creates the schema),
+    reaping by ``policy``."""
     started = []
     for i in range(n):
         state = root / f"replica-{i}"
@@ -108,7 +111,7 @@ async def replicas(stack: AsyncExitStack, database: Database, root: Path, n: int
         started.append(
             await stack.enter_async_context(
                 lifetime(database, state, "uvicorn", "chat", module="tests.upstream._replica_child",
-                         args=(LEASE,))
+                         args=(LEASE, policy))
             )
         )  # fmt: skip
     return started
@@ -231,6 +234,39 @@ async def test_a_killed_replicas_response_is_ended_once_by_one_survivor_after_it
         ends = await conn.fetch(sql, rid)
         assert [(e["to_state"], e["cause"]) for e in ends] == [("failed", "owner_lost")]
         assert await conn.fetchval("SELECT count(*) FROM eventguard_events WHERE response_id = $1", rid) >= 1
+
+
+@pytest.mark.postgres
+async def test_with_the_interrupted_policy_a_killed_replicas_run_is_interrupted_once_and_left_for_a_restart(
+    db: tuple[Database, Any], tmp_path: Path
+) -> None:
+    database, conn = db
+    async with AsyncExitStack() as stack:
+        a, b, c = await replicas(stack, database, tmp_path, 3, policy="interrupted")
+        rid = new_id()
+        assert (await post(a.base_url, "hang", rid)).status_code == 200
+        await started_on(conn, rid)
+        await asyncio.sleep(0.5)  # let the sink flush the first events
+        a.process.send_signal(signal.SIGKILL)
+        taken = "SELECT 1 FROM eventguard_leases WHERE response_id = $1 AND state = 'interrupted'"
+        await poll(lambda: conn.fetchval(taken, f'"{rid}"'), "the reaper")
+        await asyncio.sleep(3 * float(LEASE))  # several more reaper passes of both survivors
+        lease = await conn.fetchrow("SELECT * FROM eventguard_leases WHERE response_id = $1", f'"{rid}"')
+        ended = (lease["state"], lease["ended_status"], lease["fencing_token"])
+        assert ended == ("interrupted", "interrupted", 2)
+        assert lease["ended_by"] in {b.printed("IDENTITY ")[0][9:], c.printed("IDENTITY ")[0][9:]}
+        sql = "SELECT to_state FROM eventguard_transitions WHERE response_id = $1 AND cause = 'owner_lost'"
+        assert [e["to_state"] for e in await conn.fetch(sql, rid)] == ["interrupted"]  # exactly once
+        sink_row = "SELECT status, cause FROM eventguard_responses WHERE response_id = $1"
+        row = await conn.fetchrow(sink_row, rid)
+        assert (row["status"], row["cause"]) == ("interrupted", "owner_lost")
+        # The envelope is left as the owner stored it, for a restart of the owner to recover.
+        envelope = "SELECT status FROM eventguard_provider_responses WHERE response_id = $1"
+        assert await conn.fetchval(envelope, rid) == "in_progress"
+        async with httpx.AsyncClient(timeout=STEP) as http:
+            assert (await post(b.base_url, "again", rid)).status_code == 409  # the id stays taken
+            for base in (b.base_url, c.base_url):
+                assert (await http.get(f"{base}/responses/{rid}")).json()["status"] == "in_progress"
 
 
 @pytest.mark.postgres
