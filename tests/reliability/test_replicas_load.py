@@ -18,7 +18,7 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 from tests.reliability import replicas as runs
-from tests.reliability._common import FIGURES
+from tests.reliability._common import report
 
 pytestmark = [pytest.mark.upstream, pytest.mark.postgres, pytest.mark.slow]
 
@@ -44,7 +44,7 @@ async def _database() -> None:
 async def test_a_load_over_three_replicas_loses_nothing_and_every_replica_agrees() -> None:
     async with asyncio.timeout(300):
         figures = await runs.run(60, 3, 5.0)
-    FIGURES.append({"run": "replicas_load", **figures})
+    report("replicas_load", **figures)
     shown = json.dumps(figures)
     assert figures["replicas_disagreeing"] == 0, shown
     assert figures["lifecycles_not_ended"] == figures["events_lost"] == 0, shown
@@ -55,7 +55,7 @@ async def test_a_load_over_three_replicas_loses_nothing_and_every_replica_agrees
 async def test_sigkills_at_random_points_end_every_response_once_and_keep_what_was_flushed() -> None:
     async with asyncio.timeout(300):
         figures = await runs.kills(2, 1.5)
-    FIGURES.append({"run": "replicas_failover", **figures})
+    report("replicas_failover", **figures)
     shown = json.dumps(figures)
     assert figures["responses"] == 8 and figures["ended_once"] == 8, shown
     assert figures["ended_twice"] == figures["not_ended"] == figures["events_lost"] == 0, shown
