@@ -202,9 +202,19 @@ class Replica:
         while loop.time() < deadline:
             async with self._tx() as conn:
                 lease = await lease_sql.lease_of(conn, part, key)
-            if lease is None or lease.state != "running" or lease.expired:
+            if lease is None or lease.state != "running":
+                return
+            if lease.expired:  # the owner stopped renewing: the host answers from the store
+                log.warning(
+                    "relayed cancel of %r: the owner's lease expired before its terminal", response_id
+                )
                 return
             await asyncio.sleep(0.05)
+        log.warning(
+            "relayed cancel of %r: no terminal from the owner within %ss",
+            response_id,
+            self.options.cancel_wait,
+        )
 
     async def _bound_idle_transactions(self) -> None:
         """On PostgreSQL, a session of this replica idle inside a transaction for longer than a
