@@ -141,7 +141,11 @@ class GuardedResponses:
             keyword = _store_keyword()
             wants_store = "store" not in kwargs and "response_store" not in kwargs
             self.eventguard_storage = Storage.build(
-                database, schema=schema, migrate=migrate, sink=sink is _UNSET, provider=wants_store,
+                database,
+                schema=schema,
+                migrate=migrate,
+                sink=sink is _UNSET,
+                provider=wants_store,
                 replicas=replicas,
             )
             if self.eventguard_storage.sink is not None:
@@ -226,6 +230,9 @@ class GuardedResponses:
         info = response_info(self, context)
         recoverable = bool(info.background and info.store and getattr(self, "_resilient_background", False))
         inner = cast(Any, super())._handle_response(request, context, cancellation_signal)
+        replica = self._eventguard_replica  # eventguard.replicas: the lease, claimed inside the guard
+        if replica is not None and info.response_id is not None:
+            inner = replica.leased(info.response_id, context, inner)
         g = Guard(
             inner,
             cancellation_signal,
@@ -238,9 +245,6 @@ class GuardedResponses:
         self._eventguard_remember(info.response_id, g)
         if self._eventguard_on_guard is not None:
             self._eventguard_on_guard(g)
-        replica = self._eventguard_replica  # eventguard.replicas: the lease of this run
-        if replica is not None and info.response_id is not None:
-            await replica.claim_run(info.response_id, context)
         try:
             async with g as events:
                 async for event in events:

@@ -11,6 +11,9 @@ the lease commit together or not at all:
   the new owner (or the reaper) wrote it, the refusal is an anomaly (``fenced_out``) on the
   response's lifecycle, and the host sees a storage error.
 - ``delete_response`` goes on only when no other replica runs the response under a live lease.
+- ``get_response`` of an in-flight envelope another live replica runs is that envelope with the
+  events the sink stored since folded in (:mod:`eventguard.replicas.snapshot`): the host's GET
+  fallback then answers the freshest verified state, not the ``response.created`` snapshot.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from eventguard.provider import ProviderStorageError, SqlResponseProvider, _key
 from eventguard.replicas import leases as lease_sql
+from eventguard.replicas import snapshot as snapshots
 
 if TYPE_CHECKING:
     from eventguard.replicas.replica import Replica
@@ -37,6 +41,11 @@ class FencedOutError(ProviderStorageError):
     refused by the database, and recorded as an anomaly."""
 
 
+class LeaseUnavailableError(ProviderStorageError):
+    """The database did not answer the claim of a run's lease (an outage, a lost connection): the
+    run fails inside its guard (recorded, and answered ``failed`` by the host), never silently."""
+
+
 class InFlightElsewhereError(ProviderStorageError):
     """Another replica runs the response under a live lease: it cannot be deleted now."""
 
@@ -46,6 +55,16 @@ class FencedResponseProvider(SqlResponseProvider):
     leases (same arguments; ``replica`` is set by the replica that owns it)."""
 
     replica: Replica | None = None
+
+    async def get_response(self, response_id: str, *, context: Any = None) -> Any:
+        found = await super().get_response(response_id, context=context)
+        replica = self.replica
+        if replica is None or not isinstance(found, dict) or found.get("status") not in snapshots.IN_FLIGHT:
+            return found
+        user = getattr(context, "user_id_key", None) if context is not None else None
+        if not await replica.running_elsewhere(response_id, user if isinstance(user, str) else None):
+            return found  # ours (the host answers from its live record), or nobody's
+        return await replica.folded(response_id, found)
 
     async def update_response(self, response: Any, *, context: Any = None) -> None:
         try:

@@ -9,7 +9,7 @@ import logging
 import random
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import event, func, literal, select, text
 from sqlalchemy.exc import DBAPIError
@@ -18,7 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from eventguard.lifecycle import AnomalyKind
 from eventguard.provider import _key, _partition, _shown
 from eventguard.replicas import leases as lease_sql
-from eventguard.replicas.fenced import FencedResponseProvider
+from eventguard.replicas import snapshot
+from eventguard.replicas.fenced import FencedResponseProvider, LeaseUnavailableError
 from eventguard.replicas.identity import default_identity
 from eventguard.replicas.options import ReplicaOptions
 from eventguard.replicas.reap import end_envelope, end_lifecycle
@@ -118,6 +119,22 @@ class Replica:
             return
         self.tokens[(part, key)] = token
 
+    async def leased(self, response_id: str, context: Any, inner: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """``inner``'s events once this run's lease is held. The claim is made here, inside the
+        guard's iteration, so a database that cannot answer it fails the run where the guard records
+        it (:class:`LeaseUnavailableError`), instead of before the guard, where nothing would."""
+        try:
+            await self.claim_run(response_id, context)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                await cast(Any, inner).aclose()
+            raise LeaseUnavailableError(
+                f"replica {self.identity!a} could not claim the lease of response {response_id!a}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        async for item in inner:
+            yield item
+
     async def settle(self, response_id: str, context: Any) -> None:
         """After the handler ended: give the host the time to write the terminal (which ends the
         lease under the token); then end the lease if nothing did (a response never stored)."""
@@ -147,7 +164,22 @@ class Replica:
             stored = await self.provider.get_response(response_id, context=SimpleNamespace(user_id_key=user))
         except KeyError:
             return False
-        return stored.get("background") is not True and stored.get("status") in ("queued", "in_progress")
+        if stored.get("status") not in ("queued", "in_progress") or stored.get("background") is True:
+            return False
+        # The host's stored envelope does not say ``background`` (2.2.0b1 and 2.4.0b1 leave it out):
+        # the sink's row, written from the response's context, does.
+        async with self._tx() as conn:
+            r = responses.c
+            background = (
+                await conn.execute(select(r.background).where(r.response_id == _shown(response_id)))
+            ).scalar_one_or_none()
+        return background is not True
+
+    async def folded(self, response_id: str, envelope: dict[str, Any]) -> dict[str, Any]:
+        """``envelope`` (another replica's in-flight response) as of its last stored event."""
+        async with self._tx() as conn:
+            stored = await snapshot.stored_events(conn, _shown(response_id))
+        return snapshot.fold(envelope, stored)
 
     # -- cancel relay -----------------------------------------------------------------------------
 
@@ -170,9 +202,19 @@ class Replica:
         while loop.time() < deadline:
             async with self._tx() as conn:
                 lease = await lease_sql.lease_of(conn, part, key)
-            if lease is None or lease.state != "running" or lease.expired:
+            if lease is None or lease.state != "running":
+                return
+            if lease.expired:  # the owner stopped renewing: the host answers from the store
+                log.warning(
+                    "relayed cancel of %r: the owner's lease expired before its terminal", response_id
+                )
                 return
             await asyncio.sleep(0.05)
+        log.warning(
+            "relayed cancel of %r: no terminal from the owner within %ss",
+            response_id,
+            self.options.cancel_wait,
+        )
 
     async def _bound_idle_transactions(self) -> None:
         """On PostgreSQL, a session of this replica idle inside a transaction for longer than a
@@ -344,9 +386,11 @@ async def record_anomaly(conn: AsyncConnection, response_id: str, kind: str, rea
     attempt = (await conn.execute(select(r.attempt).where(r.response_id == shown))).scalar_one_or_none()
     if attempt is None:
         return False
-    idx = select(func.coalesce(func.max(a.idx), -1) + 1).where(
-        a.response_id == shown, a.attempt == attempt, a.source == "replica"
-    ).scalar_subquery()
+    idx = (
+        select(func.coalesce(func.max(a.idx), -1) + 1)
+        .where(a.response_id == shown, a.attempt == attempt, a.source == "replica")
+        .scalar_subquery()
+    )
     from datetime import UTC, datetime
 
     await conn.execute(

@@ -99,8 +99,11 @@ async def _postgres() -> AsyncIterator[tuple[Database, Any]]:
             await conn.close()
 
 
-async def replicas(stack: AsyncExitStack, database: Database, root: Path, n: int) -> list[Lifetime]:
-    """``n`` replicas on the database, started one after the other (the first creates the schema)."""
+async def replicas(
+    stack: AsyncExitStack, database: Database, root: Path, n: int, policy: str = "failed"
+) -> list[Lifetime]:
+    """``n`` replicas on the database, started one after the other (the first creates the schema),
+    reaping by ``policy``."""
     started = []
     for i in range(n):
         state = root / f"replica-{i}"
@@ -108,7 +111,7 @@ async def replicas(stack: AsyncExitStack, database: Database, root: Path, n: int
         started.append(
             await stack.enter_async_context(
                 lifetime(database, state, "uvicorn", "chat", module="tests.upstream._replica_child",
-                         args=(LEASE,))
+                         args=(LEASE, policy))
             )
         )  # fmt: skip
     return started
@@ -234,6 +237,39 @@ async def test_a_killed_replicas_response_is_ended_once_by_one_survivor_after_it
 
 
 @pytest.mark.postgres
+async def test_with_the_interrupted_policy_a_killed_replicas_run_is_interrupted_once_and_left_for_a_restart(
+    db: tuple[Database, Any], tmp_path: Path
+) -> None:
+    database, conn = db
+    async with AsyncExitStack() as stack:
+        a, b, c = await replicas(stack, database, tmp_path, 3, policy="interrupted")
+        rid = new_id()
+        assert (await post(a.base_url, "hang", rid)).status_code == 200
+        await started_on(conn, rid)
+        await asyncio.sleep(0.5)  # let the sink flush the first events
+        a.process.send_signal(signal.SIGKILL)
+        taken = "SELECT 1 FROM eventguard_leases WHERE response_id = $1 AND state = 'interrupted'"
+        await poll(lambda: conn.fetchval(taken, f'"{rid}"'), "the reaper")
+        await asyncio.sleep(3 * float(LEASE))  # several more reaper passes of both survivors
+        lease = await conn.fetchrow("SELECT * FROM eventguard_leases WHERE response_id = $1", f'"{rid}"')
+        ended = (lease["state"], lease["ended_status"], lease["fencing_token"])
+        assert ended == ("interrupted", "interrupted", 2)
+        assert lease["ended_by"] in {b.printed("IDENTITY ")[0][9:], c.printed("IDENTITY ")[0][9:]}
+        sql = "SELECT to_state FROM eventguard_transitions WHERE response_id = $1 AND cause = 'owner_lost'"
+        assert [e["to_state"] for e in await conn.fetch(sql, rid)] == ["interrupted"]  # exactly once
+        sink_row = "SELECT status, cause FROM eventguard_responses WHERE response_id = $1"
+        row = await conn.fetchrow(sink_row, rid)
+        assert (row["status"], row["cause"]) == ("interrupted", "owner_lost")
+        # The envelope is left as the owner stored it, for a restart of the owner to recover.
+        envelope = "SELECT status FROM eventguard_provider_responses WHERE response_id = $1"
+        assert await conn.fetchval(envelope, rid) == "in_progress"
+        async with httpx.AsyncClient(timeout=STEP) as http:
+            assert (await post(b.base_url, "again", rid)).status_code == 409  # the id stays taken
+            for base in (b.base_url, c.base_url):
+                assert (await http.get(f"{base}/responses/{rid}")).json()["status"] == "in_progress"
+
+
+@pytest.mark.postgres
 async def test_a_paused_replica_past_its_lease_cannot_overwrite_the_survivors_decision(
     db: tuple[Database, Any], tmp_path: Path
 ) -> None:
@@ -278,9 +314,13 @@ async def test_a_foreground_stream_in_flight_is_not_found_on_every_replica_as_on
         a, b = await replicas(stack, database, tmp_path, 2)
         rid = new_id()
         body = {"model": "m", "input": "slow", "stream": True}
-        async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP), http.stream(
-            "POST", f"{a.base_url}/responses", json=body, headers={"x-agent-response-id": rid}
-        ) as streaming:
+        async with (
+            httpx.AsyncClient(timeout=STEP) as http,
+            asyncio.timeout(STEP),
+            http.stream(
+                "POST", f"{a.base_url}/responses", json=body, headers={"x-agent-response-id": rid}
+            ) as streaming,
+        ):
             lines = streaming.aiter_lines()
             await anext(lines)
             await started_on(conn, rid)
@@ -292,3 +332,43 @@ async def test_a_foreground_stream_in_flight_is_not_found_on_every_replica_as_on
             bases = (a.base_url, b.base_url)
             got = [(await http.get(f"{u}/responses/{rid}")).json()["status"] for u in bases]
             assert got == ["completed", "completed"]
+
+
+def _text_of(body: dict[str, Any]) -> str:
+    """The output text of a response as a GET answers it (every message part, joined)."""
+    parts = [
+        part.get("text") or ""
+        for item in body.get("output") or []
+        if isinstance(item, dict)
+        for part in item.get("content") or []
+        if isinstance(part, dict)
+    ]
+    return "".join(parts)
+
+
+@pytest.mark.postgres
+async def test_a_get_on_another_replica_shows_the_output_stored_so_far_before_the_terminal(
+    db: tuple[Database, Any], tmp_path: Path
+) -> None:
+    database, conn = db
+    async with AsyncExitStack() as stack:
+        a, b = await replicas(stack, database, tmp_path, 2)
+        rid = new_id()
+        assert (await post(a.base_url, "slow", rid)).status_code == 200  # "a", "b", "c", 1 s apart
+        stored = "SELECT 1 FROM eventguard_provider_responses WHERE response_id = $1"
+        await poll(lambda: conn.fetchval(stored, rid), "the response.created envelope")
+        seen: list[tuple[str, str]] = []
+        async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP):
+            while True:
+                got = (await http.get(f"{b.base_url}/responses/{rid}")).json()
+                seen.append((got.get("status"), _text_of(got)))
+                assert got.get("status") == "in_progress", f"ended before B showed any output: {seen}"
+                if _text_of(got):
+                    break
+                await asyncio.sleep(0.05)
+            assert "abc".startswith(_text_of(got)) and got["output"][0]["type"] == "message"
+            async with client(b.base_url) as cb:
+                assert await wait_status(cb, rid, {"completed"}) == "completed"
+            ended = (await http.get(f"{b.base_url}/responses/{rid}")).json()
+            owner = (await http.get(f"{a.base_url}/responses/{rid}")).json()
+            assert _text_of(ended) == _text_of(owner) == "abc", (ended, owner)
