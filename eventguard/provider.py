@@ -1072,7 +1072,8 @@ async def prune_store(conn: AsyncConnection, cutoff: datetime) -> EnvelopePruneR
     """Expire the response store's rows last written before ``cutoff`` (see
     :meth:`eventguard.ResponseStore.prune_envelopes`), in the caller's transaction.
 
-    Five set-based statements, nothing read into Python: the old envelopes, the links and the
+    Five set-based statements, nothing read into Python (on PostgreSQL after a table lock that
+    keeps the store's writes out until it commits): the old envelopes, the links and the
     conversation memberships left without a response (the links' ``ON DELETE CASCADE`` does it
     already where foreign keys are enforced; SQLite enforces them per connection), the
     history nodes no remaining response reaches (found run by run, as ``_history`` reads them),
@@ -1085,6 +1086,15 @@ async def prune_store(conn: AsyncConnection, cutoff: datetime) -> EnvelopePruneR
         provider_history,
         provider_conversations,
     )
+    if conn.dialect.name == "postgresql":
+        # Every write of the store begins by writing its envelope's row (ROW EXCLUSIVE on the
+        # table): this lock waits for the writes in flight to commit and holds new ones until the
+        # prune does, so no response the prune cannot see yet names the nodes and items it takes
+        # (READ COMMITTED: each statement below sees what committed before it). Reads go on; a
+        # second prune waits (the mode conflicts with itself). SQLite needs nothing: the prune's
+        # BEGIN IMMEDIATE already waits for the one writer.
+        table = conn.dialect.identifier_preparer.format_table(r)
+        await conn.exec_driver_sql(f"LOCK TABLE {table} IN SHARE ROW EXCLUSIVE MODE")
     old = r.c.updated_at < cutoff, r.c.deleted.is_(True) | r.c.status.in_(_ENDED_ENVELOPE)
     envelopes = (await conn.execute(delete(r).where(*old))).rowcount
     await conn.execute(delete(lk).where(~exists().where(r.c.pk == lk.c.response_pk)))
