@@ -695,6 +695,8 @@ class SqlResponseProvider:
         )
 
         async def body(conn: AsyncConnection) -> bool:
+            if isinstance(conn, SqliteConnection):  # the writer thread: the same statements, as text
+                return _sqlite_update(conn, part, _key(prepared.response_id), prepared, now)
             # The envelope first: its row lock serialises two writers of one response, links and all.
             pk = (await conn.execute(stmt)).scalar_one_or_none()
             if pk is None:
@@ -1200,6 +1202,46 @@ _SQLITE_GET_BODY = (
 
 #: Envelope statuses that have ended (the host's terminal statuses).
 _ENDED_ENVELOPE = ("completed", "incomplete", "failed", "cancelled")
+
+
+def _sqlite_update(conn: SqliteConnection, part: str, key: str, prepared: _Prepared, now: datetime) -> bool:
+    """``update_response``'s statements on the SQLite writer thread, as SQL text straight to
+    ``sqlite3`` (SQLAlchemy's execution of the same four constructs was most of the thread's time):
+    the envelope (conditional on a live row), its output links replaced, its output items upserted.
+    False: no live response. The transaction is the caller's (``SqliteThread.transaction``)."""
+    at = provider_responses.c.updated_at.type.bind_processor(conn.dialect)
+    stamp = now if at is None else at(now)
+    raw = conn.raw
+    row = raw.execute(_SQLITE_UPDATE, (prepared.body, prepared.status, stamp, part, key)).fetchone()
+    if row is None:
+        return False
+    pk = row[0]
+    raw.execute(_SQLITE_DROP_OUTPUTS, (pk,))
+    if prepared.outputs:
+        raw.executemany(
+            _SQLITE_LINK, [(pk, n, _key(i), _enc_id(i)) for n, (i, _body) in enumerate(prepared.outputs)]
+        )
+        latest = dict(prepared.outputs)  # the last of one id wins, as in _write_items
+        raw.executemany(
+            _SQLITE_UPSERT_ITEM, [(part, _key(i), _shown(i), b, stamp) for i, b in latest.items()]
+        )
+    return True
+
+
+_SQLITE_UPDATE = (
+    f"UPDATE {provider_responses.name} SET body = ?, status = ?, updated_at = ?, version = version + 1 "
+    "WHERE partition = ? AND response_key = ? AND deleted = 0 RETURNING pk"
+)
+_SQLITE_DROP_OUTPUTS = f"DELETE FROM {provider_links.name} WHERE response_pk = ? AND role = 'output'"
+_SQLITE_LINK = (
+    f"INSERT INTO {provider_links.name} (response_pk, role, position, item_key, item_id) "
+    "VALUES (?, 'output', ?, ?, ?)"
+)
+_SQLITE_UPSERT_ITEM = (
+    f"INSERT INTO {provider_items.name} (partition, item_key, item_id_shown, body, updated_at) "
+    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (partition, item_key) "
+    "DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at"
+)
 
 
 def _pool_sqlite_file(engine: AsyncEngine) -> None:
