@@ -47,6 +47,14 @@ What the host relies on, and how it holds here (each checked against the install
 - **Concurrency is the database's**: creation is one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE
   deleted`` (two creators of one id: exactly one wins), updates and deletes are conditional on the
   row being live, and no process lock is taken, so several processes on one database agree.
+- **SQLite writes off the event loop, in one hand-off**: on an SQLite file each write transaction
+  runs on the provider's stdlib ``sqlite3`` writer thread (:mod:`eventguard.sql.sqlite_thread`;
+  ``BEGIN IMMEDIATE`` ... ``COMMIT`` there), not as five trips to aiosqlite's thread. Retention's
+  prune on PostgreSQL locks the envelope table against writes (``SHARE ROW EXCLUSIVE``) so it never
+  takes what a create in flight is naming.
+- **Event loops**: a provider may be used from one ``asyncio.run()`` after another; its own engine's
+  pool is let go (``dispose(close=False)``) when the loop changes. A borrowed engine's pool is its
+  owner's: dispose of it yourself between loops, as SQLAlchemy advises.
 """
 
 from __future__ import annotations
