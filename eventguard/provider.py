@@ -47,6 +47,14 @@ What the host relies on, and how it holds here (each checked against the install
 - **Concurrency is the database's**: creation is one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE
   deleted`` (two creators of one id: exactly one wins), updates and deletes are conditional on the
   row being live, and no process lock is taken, so several processes on one database agree.
+- **SQLite writes off the event loop, in one hand-off**: on an SQLite file each write transaction
+  runs on the provider's stdlib ``sqlite3`` writer thread (:mod:`eventguard.sql.sqlite_thread`;
+  ``BEGIN IMMEDIATE`` ... ``COMMIT`` there), not as five trips to aiosqlite's thread. Retention's
+  prune on PostgreSQL locks the envelope table against writes (``SHARE ROW EXCLUSIVE``) so it never
+  takes what a create in flight is naming.
+- **Event loops**: a provider may be used from one ``asyncio.run()`` after another; its own engine's
+  pool is let go (``dispose(close=False)``) when the loop changes. A borrowed engine's pool is its
+  owner's: dispose of it yourself between loops, as SQLAlchemy advises.
 """
 
 from __future__ import annotations
@@ -55,10 +63,11 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+import weakref
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 import aiosqlite
 from azure.ai.agentserver.responses.store._base import (
@@ -83,12 +92,14 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.pool import AsyncAdaptedQueuePool, NullPool
 
 from eventguard.errors import ResponseStoreError, SchemaMismatchError, UnstorableError
 from eventguard.records import EnvelopePruneResult, EnvelopeRecord
 from eventguard.sql import engine as _db
 from eventguard.sql import migrate as _migrate
 from eventguard.sql import storable
+from eventguard.sql.sqlite_thread import SqliteConnection, SqliteThread, drive
 from eventguard.sql.tables import (
     ID,
     provider_conversations,
@@ -113,6 +124,8 @@ _ENCODED = "~"
 #: Times a history write looks again after another writer took the slot it wanted (each look
 #: finds more stored: only a storm of writers on one chain could need more than two).
 HISTORY_ATTEMPTS = 8
+
+T = TypeVar("T")
 
 
 class ProviderStorageError(ResponseStoreError, ResponseStoreCorruptionError):
@@ -368,6 +381,14 @@ class SqlResponseProvider:
         self._sqlite = self.url.get_backend_name() == "sqlite"
         insert = sqlite_dialect.insert if self._sqlite else pg_dialect.insert
         self._insert = insert
+        #: SQLite file: every write transaction is one hand-off to a stdlib ``sqlite3`` thread (see
+        #: :meth:`_write`). Not for a subclass that fences its writes: its hooks run on the event
+        #: loop (a replica's lease bookkeeping is the loop's), so those go through the engine.
+        self._writer: SqliteThread | None = None
+        if self._sqlite and not self._fences_writes():
+            self._writer = _db.sqlite_writer(self.url, busy_timeout_ms=int(busy_timeout * 1000))
+        #: The event loop the engine's pooled connections belong to (see :meth:`_on_this_loop`).
+        self._loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
 
     def __repr__(self) -> str:
         return f"SqlResponseProvider({_db.safe_url(self.url)!r})"
@@ -384,13 +405,45 @@ class SqlResponseProvider:
                 statement_timeout=self._statement_timeout,
                 application_name="eventguard response store",
             )
+            if self._sqlite and _db.sqlite_path(self.url) is not None:
+                _pool_sqlite_file(self._engine)
         return self._engine
+
+    def _fences_writes(self) -> bool:
+        cls = type(self)
+        return (
+            cls._fence_update is not SqlResponseProvider._fence_update
+            or cls._fence_delete is not SqlResponseProvider._fence_delete
+        )
+
+    def _on_this_loop(self) -> None:
+        """Let go of the pool when the running event loop is not the one its connections were made
+        on (a provider started in one ``asyncio.run()`` and used in the next).
+
+        An asyncpg connection belongs to the loop that opened it: from another one, its first use
+        fails ("Event loop is closed", "attached to a different loop"). SQLAlchemy's guidance for an
+        engine moving between loops: dispose of its pool first, with ``close=False`` (the old loop's
+        connections cannot be closed from here; they are dereferenced, the new loop opens its own).
+        That is synchronous (no I/O), so no other task of the new loop sees the old pool after it.
+        Only the provider's own engine: a borrowed one's pool is its owner's to manage.
+        """
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop() is loop:
+            return
+        first, self._loop = self._loop is None, weakref.ref(loop)
+        if first:
+            return
+        if self._owns_engine and self._engine is not None:
+            self._engine.sync_engine.dispose(close=False)
+        if not self._starting.locked():
+            self._starting = asyncio.Lock()  # an asyncio.Lock binds to the loop it first waits on
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Check the schema (creating or upgrading it per ``auto_migrate``): fails fast with
         :class:`SchemaMismatchError` naming the command to run. Concurrent calls check once."""
+        self._on_this_loop()
         async with self._starting:
             if not self._ready:
                 await self._start()
@@ -431,7 +484,10 @@ class SqlResponseProvider:
         await _migrate.upgrade(self.engine, revision)
 
     async def aclose(self) -> None:
-        """Dispose of the engine if the provider built it (a borrowed engine is left open)."""
+        """Dispose of the engine if the provider built it (a borrowed engine is left open), and stop
+        the SQLite writer thread."""
+        if self._writer is not None:
+            await self._writer.close()  # a later call starts it again
         if self._owns_engine and self._engine is not None:
             engine, self._engine = self._engine, None
             await engine.dispose()
@@ -451,6 +507,7 @@ class SqlResponseProvider:
         READ); writes take SQLite's write lock up front (``BEGIN IMMEDIATE``, the engine's default).
         """
         async with self._storage_errors():
+            self._on_this_loop()
             if not self._ready:
                 await self.start()
             options: dict[str, Any] = {}
@@ -465,6 +522,33 @@ class SqlResponseProvider:
                     await conn.execution_options(**options)
                 async with conn.begin():
                     yield conn
+
+    async def _write(self, body: Callable[[AsyncConnection], Coroutine[Any, Any, T]]) -> T:
+        """``body(conn)`` in one write transaction, committed when this returns; every failure of the
+        database a :class:`ProviderStorageError`.
+
+        On an SQLite file the whole transaction is one hand-off to the provider's writer thread
+        (:class:`eventguard.sql.sqlite_thread.SqliteThread`: stdlib ``sqlite3``, ``BEGIN IMMEDIATE``
+        ... ``COMMIT`` there, the engine's pragmas): through aiosqlite an update was five trips to the
+        driver's thread, each a turn of the event loop. ``body``'s awaits never suspend there (the
+        thread's connection answers at once), so it is driven to its end on the thread; the
+        statements, and so the database's guarantees, are the same on both paths. A call whose
+        caller stops waiting (cancelled) still runs to its end on the thread, commit included, as
+        a statement already sent to a server would.
+        """
+        writer = self._writer
+        if writer is None:
+            async with self._tx("write") as conn:
+                return await body(conn)
+
+        def job(conn: SqliteConnection) -> T:
+            return drive(body(cast(AsyncConnection, conn)))
+
+        async with self._storage_errors():
+            self._on_this_loop()
+            if not self._ready:
+                await self.start()
+            return await writer.transaction(job)
 
     @asynccontextmanager
     async def _storage_errors(self) -> AsyncIterator[None]:
@@ -486,6 +570,7 @@ class SqlResponseProvider:
         single statement outside a transaction is its own snapshot (WAL), so nothing is lost.
         """
         async with self._storage_errors():
+            self._on_this_loop()
             if not self._ready:
                 await self.start()
             raw = await self.engine.raw_connection()
@@ -545,28 +630,32 @@ class SqlResponseProvider:
             set_={**revive, "version": r.c.version + 1},
             where=r.c.deleted.is_(True),
         ).returning(r.c.pk, r.c.version)
-        async with self._tx("write") as conn:
+
+        async def body(conn: AsyncConnection) -> bool:
             row = (await conn.execute(stmt)).first()
-            if row is not None:
-                await self._fence_update(conn, part, prepared.response_id, prepared.status)  # replicas
-                pk, version = row
-                if version > 1:  # re-created: the old life's links go
-                    await conn.execute(delete(provider_links).where(provider_links.c.response_pk == pk))
-                await self._write_history(conn, nodes)
-                await self._write_links(conn, pk, "input", prepared.inputs)
-                await self._write_links(conn, pk, "output", prepared.outputs)
-                await self._write_items(conn, part, [*prepared.inputs, *prepared.outputs], now)
-                if prepared.conversation is not None:
-                    await conn.execute(
-                        self._insert(provider_conversations)
-                        .values(
-                            partition=part,
-                            conversation_key=_key(prepared.conversation),
-                            response_key=values["response_key"],
-                        )
-                        .on_conflict_do_nothing()
+            if row is None:
+                return False
+            await self._fence_update(conn, part, prepared.response_id, prepared.status)  # replicas
+            pk, version = row
+            if version > 1:  # re-created: the old life's links go
+                await conn.execute(delete(provider_links).where(provider_links.c.response_pk == pk))
+            await self._write_history(conn, nodes)
+            await self._write_links(conn, pk, "input", prepared.inputs)
+            await self._write_links(conn, pk, "output", prepared.outputs)
+            await self._write_items(conn, part, [*prepared.inputs, *prepared.outputs], now)
+            if prepared.conversation is not None:
+                await conn.execute(
+                    self._insert(provider_conversations)
+                    .values(
+                        partition=part,
+                        conversation_key=_key(prepared.conversation),
+                        response_key=values["response_key"],
                     )
-        if row is None:
+                    .on_conflict_do_nothing()
+                )
+            return True
+
+        if not await self._write(body):
             raise ResponseAlreadyExistsError(prepared.response_id)
 
     async def get_response(self, response_id: str, *, context: Any = None) -> Any:
@@ -612,19 +701,25 @@ class SqlResponseProvider:
             .values(body=prepared.body, status=prepared.status, updated_at=now, version=r.c.version + 1)
             .returning(r.c.pk)
         )
-        async with self._tx("write") as conn:
+
+        async def body(conn: AsyncConnection) -> bool:
+            if isinstance(conn, SqliteConnection):  # the writer thread: the same statements, as text
+                return _sqlite_update(conn, part, _key(prepared.response_id), prepared, now)
             # The envelope first: its row lock serialises two writers of one response, links and all.
             pk = (await conn.execute(stmt)).scalar_one_or_none()
-            if pk is not None:
-                await self._fence_update(conn, part, prepared.response_id, prepared.status)  # replicas
-                await conn.execute(
-                    delete(provider_links).where(
-                        provider_links.c.response_pk == pk, provider_links.c.role == "output"
-                    )
+            if pk is None:
+                return False
+            await self._fence_update(conn, part, prepared.response_id, prepared.status)  # replicas
+            await conn.execute(
+                delete(provider_links).where(
+                    provider_links.c.response_pk == pk, provider_links.c.role == "output"
                 )
-                await self._write_links(conn, pk, "output", prepared.outputs)
-                await self._write_items(conn, part, prepared.outputs, now)
-        if pk is None:
+            )
+            await self._write_links(conn, pk, "output", prepared.outputs)
+            await self._write_items(conn, part, prepared.outputs, now)
+            return True
+
+        if not await self._write(body):
             raise KeyError(f"response '{prepared.response_id}' not found")
 
     async def delete_response(self, response_id: str, *, context: Any = None) -> None:
@@ -643,12 +738,16 @@ class SqlResponseProvider:
             .values(deleted=True, body=None, deleted_at=now, updated_at=now, version=r.c.version + 1)
             .returning(r.c.pk)
         )
-        async with self._tx("write") as conn:
+
+        async def body(conn: AsyncConnection) -> bool:
             await self._fence_delete(conn, part, response_id)  # replicas
             pk = (await conn.execute(stmt)).scalar_one_or_none()
-            if pk is not None:
-                await conn.execute(delete(provider_links).where(provider_links.c.response_pk == pk))
-        if pk is None:
+            if pk is None:
+                return False
+            await conn.execute(delete(provider_links).where(provider_links.c.response_pk == pk))
+            return True
+
+        if not await self._write(body):
             raise KeyError(f"response '{response_id}' not found")
 
     # -- eventguard.replicas: fencing hooks, run inside the write transaction (no-ops here) ------
@@ -983,7 +1082,8 @@ async def prune_store(conn: AsyncConnection, cutoff: datetime) -> EnvelopePruneR
     """Expire the response store's rows last written before ``cutoff`` (see
     :meth:`eventguard.ResponseStore.prune_envelopes`), in the caller's transaction.
 
-    Five set-based statements, nothing read into Python: the old envelopes, the links and the
+    Five set-based statements, nothing read into Python (on PostgreSQL after a table lock that
+    keeps the store's writes out until it commits): the old envelopes, the links and the
     conversation memberships left without a response (the links' ``ON DELETE CASCADE`` does it
     already where foreign keys are enforced; SQLite enforces them per connection), the
     history nodes no remaining response reaches (found run by run, as ``_history`` reads them),
@@ -996,6 +1096,15 @@ async def prune_store(conn: AsyncConnection, cutoff: datetime) -> EnvelopePruneR
         provider_history,
         provider_conversations,
     )
+    if conn.dialect.name == "postgresql":
+        # Every write of the store begins by writing its envelope's row (ROW EXCLUSIVE on the
+        # table): this lock waits for the writes in flight to commit and holds new ones until the
+        # prune does, so no response the prune cannot see yet names the nodes and items it takes
+        # (READ COMMITTED: each statement below sees what committed before it). Reads go on; a
+        # second prune waits (the mode conflicts with itself). SQLite needs nothing: the prune's
+        # BEGIN IMMEDIATE already waits for the one writer.
+        table = conn.dialect.identifier_preparer.format_table(r)
+        await conn.exec_driver_sql(f"LOCK TABLE {table} IN SHARE ROW EXCLUSIVE MODE")
     old = r.c.updated_at < cutoff, r.c.deleted.is_(True) | r.c.status.in_(_ENDED_ENVELOPE)
     envelopes = (await conn.execute(delete(r).where(*old))).rowcount
     await conn.execute(delete(lk).where(~exists().where(r.c.pk == lk.c.response_pk)))
@@ -1101,6 +1210,72 @@ _SQLITE_GET_BODY = (
 
 #: Envelope statuses that have ended (the host's terminal statuses).
 _ENDED_ENVELOPE = ("completed", "incomplete", "failed", "cancelled")
+
+
+def _sqlite_update(conn: SqliteConnection, part: str, key: str, prepared: _Prepared, now: datetime) -> bool:
+    """``update_response``'s statements on the SQLite writer thread, as SQL text straight to
+    ``sqlite3`` (SQLAlchemy's execution of the same four constructs was most of the thread's time):
+    the envelope (conditional on a live row), its output links replaced, its output items upserted.
+    False: no live response. The transaction is the caller's (``SqliteThread.transaction``)."""
+    at = provider_responses.c.updated_at.type.bind_processor(conn.dialect)
+    stamp = now if at is None else at(now)
+    raw = conn.raw
+    row = raw.execute(_SQLITE_UPDATE, (prepared.body, prepared.status, stamp, part, key)).fetchone()
+    if row is None:
+        return False
+    pk = row[0]
+    raw.execute(_SQLITE_DROP_OUTPUTS, (pk,))
+    if prepared.outputs:
+        raw.executemany(
+            _SQLITE_LINK, [(pk, n, _key(i), _enc_id(i)) for n, (i, _body) in enumerate(prepared.outputs)]
+        )
+        latest = dict(prepared.outputs)  # the last of one id wins, as in _write_items
+        raw.executemany(
+            _SQLITE_UPSERT_ITEM, [(part, _key(i), _shown(i), b, stamp) for i, b in latest.items()]
+        )
+    return True
+
+
+_SQLITE_UPDATE = (
+    f"UPDATE {provider_responses.name} SET body = ?, status = ?, updated_at = ?, version = version + 1 "
+    "WHERE partition = ? AND response_key = ? AND deleted = 0 RETURNING pk"
+)
+_SQLITE_DROP_OUTPUTS = f"DELETE FROM {provider_links.name} WHERE response_pk = ? AND role = 'output'"
+_SQLITE_LINK = (
+    f"INSERT INTO {provider_links.name} (response_pk, role, position, item_key, item_id) "
+    "VALUES (?, 'output', ?, ?, ?)"
+)
+_SQLITE_UPSERT_ITEM = (
+    f"INSERT INTO {provider_items.name} (partition, item_key, item_id_shown, body, updated_at) "
+    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (partition, item_key) "
+    "DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at"
+)
+
+
+def _pool_sqlite_file(engine: AsyncEngine) -> None:
+    """Pool an SQLite file's aiosqlite connections (``AsyncAdaptedQueuePool``), as SQLAlchemy 2.1
+    does; 2.0 gives them a ``NullPool``, so every provider call opened a connection of its own (a
+    new aiosqlite thread, the pragmas) before its first statement.
+
+    Safe: SQLAlchemy makes each aiosqlite connection's thread a daemon (an engine never disposed
+    does not keep the process alive), the engine's pragmas run per connection (its ``connect``
+    hook) and the pool's reset is the engine's own (``reset`` hook). The new pool takes the old
+    one's creator, settings and event listeners, as ``Engine.dispose()`` makes its successor.
+    """
+    sync = engine.sync_engine
+    old = sync.pool
+    if not isinstance(old, NullPool):
+        return  # SQLAlchemy 2.1 and later: pooled already
+    sync.pool = AsyncAdaptedQueuePool(
+        old._creator,
+        recycle=old._recycle,
+        echo=old.echo,
+        logging_name=old._orig_logging_name,
+        reset_on_return=old._reset_on_return,
+        pre_ping=old._pre_ping,
+        _dispatch=old.dispatch,
+        dialect=old._dialect,
+    )
 
 
 def _last(ids: list[str], limit: int) -> list[str]:

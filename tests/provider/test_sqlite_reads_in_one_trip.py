@@ -15,7 +15,6 @@ from typing import Any
 
 import aiosqlite
 import pytest
-import sqlalchemy
 
 from eventguard.provider import ProviderStorageError, SqlResponseProvider
 
@@ -39,16 +38,10 @@ def trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         monkeypatch.setattr(aiosqlite.Connection, "_execute", real)
 
 
-#: SQLAlchemy 2.0.30 (the lowest allowed) gives a file-based aiosqlite engine a NullPool: every call
-#: opens its own connection (create_function, the pragmas, ...), so the trips cannot be one.
-POOLED = tuple(int(p) for p in sqlalchemy.__version__.split(".")[:2]) >= (2, 1)
+#: SQLAlchemy 2.0.30 (the lowest allowed) gives a file-based aiosqlite engine a NullPool; the provider
+#: pools its own engine's connections on every release (``_pool_sqlite_file``), so one trip holds.
 
 
-@pytest.mark.skipif(
-    not POOLED,
-    reason=f"SQLAlchemy {sqlalchemy.__version__} pools no aiosqlite file connection (NullPool): "
-    "each call connects",
-)
 async def test_get_response_on_sqlite_is_one_trip_to_the_driver(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,0 +1,94 @@
+"""A prune racing a ``create_response`` whose history names old items keeps what the new response
+names: its history nodes and its items, on PostgreSQL and SQLite.
+
+The prune ran beside the create's open transaction (PostgreSQL, READ COMMITTED): it did not see the
+new response, so it took the history nodes and the items that only the new response was about to
+name, and the create then committed a history whose nodes or items were gone (reads silently
+skipped them). The create is held open, mid-transaction, at its fencing hook (after the envelope's
+row, before its history), while the prune runs; then both finish, in whichever order the database
+lets them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from eventguard import ResponseStore
+from eventguard.provider import SqlResponseProvider
+from eventguard.sql.tables import provider_items, provider_responses
+
+from .conftest import Database
+from .test_parity_with_the_hosts_store import envelope, item, out
+
+T = 60
+#: How long the held create waits for the prune to finish before it goes on (the prune is blocked
+#: by then when the database serialises the two; otherwise it has long finished).
+HOLD = 3.0
+
+
+class HeldCreate(SqlResponseProvider):
+    """Holds ``resp_c``'s create in its transaction until ``prune`` ends or ``HOLD`` passes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.inside = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def _fence_update(
+        self, conn: AsyncConnection, part: str, response_id: str, status: str | None
+    ) -> None:
+        if response_id == "resp_c":
+            self.inside.set()
+            await self.go.wait()
+
+
+async def test_a_prune_beside_a_create_keeps_the_history_the_new_response_names(
+    sql_database: Database,
+) -> None:
+    url, schema = sql_database.url, sql_database.schema
+    assert url is not None
+    p = HeldCreate(url, schema=schema)
+    async with asyncio.timeout(T):
+        await p.start()
+        # An old chain: resp_a (i_a, o_a), resp_b chained on it (i_b, o_b), both ended, both old.
+        await p.create_response(envelope("resp_a"), [item("i_a")], None)
+        await p.update_response(envelope("resp_a", status="completed", output=[out("o_a")]))
+        history_b = await p.get_history_item_ids("resp_a", None, -1)
+        await p.create_response(envelope("resp_b"), [item("i_b")], history_b)
+        await p.update_response(envelope("resp_b", status="completed", output=[out("o_b")]))
+        then = datetime.now(UTC) - timedelta(days=30)
+        async with p.engine.begin() as conn:
+            await conn.execute(update(provider_responses).values(updated_at=then))
+            await conn.execute(update(provider_items).values(updated_at=then))
+        history_c = await p.get_history_item_ids("resp_b", None, -1)
+        assert history_c == ["i_a", "o_a", "i_b", "o_b"]
+
+        # A new turn on the old chain, held open inside its transaction while the prune runs.
+        create = asyncio.create_task(p.create_response(envelope("resp_c"), [item("i_c")], history_c))
+        await p.inside.wait()
+        async with ResponseStore(url, schema=schema) as store:
+            prune = asyncio.create_task(store.prune_envelopes(older_than=timedelta(days=7)))
+            await asyncio.wait({prune}, timeout=HOLD)
+            p.go.set()
+            await create
+            result = await prune
+
+        assert result.envelopes == 2  # resp_a, resp_b: ended and old
+        assert await p.get_history_item_ids("resp_c", None, -1) == ["i_a", "o_a", "i_b", "o_b", "i_c"]
+        assert await p.get_input_items("resp_c", ascending=True) == [
+            item("i_a"),
+            out("o_a"),
+            item("i_b"),
+            out("o_b"),
+            item("i_c"),
+        ]
+        # A second prune, with nothing racing it, takes nothing resp_c names either.
+        async with ResponseStore(url, schema=schema) as store:
+            again = await store.prune_envelopes(older_than=timedelta(days=7))
+        assert (again.envelopes, again.items, again.history_nodes) == (0, 0, 0)
+        await p.aclose()
