@@ -5,6 +5,7 @@ dropped from the pool, and the batches go to the spool and are replayed: nothing
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
 
@@ -33,10 +34,10 @@ async def _events_stored(schema: str) -> int:
 
 async def test_a_connection_killed_in_the_pool_loses_nothing(pg_target: Target) -> None:
     assert pg_target.schema is not None
-    owner = "killed-connection-test"
+    owner = f"killed-connection-{uuid.uuid4().hex[:12]}"  # only this test's connections die
     sink = SqlSink(pg_target.url, schema=pg_target.schema, spool_path=pg_target.spool, owner=owner)
     before, after, later = script("resp_before", 10), script("resp_after", 10), script("resp_later", 10)
-    async with asyncio.timeout(60):
+    async with asyncio.timeout(120):
         await sink.start()
         try:
             await run_guarded(sink, before)
@@ -48,12 +49,15 @@ async def test_a_connection_killed_in_the_pool_loses_nothing(pg_target: Target) 
             await sink.flush()
             spooled = sink.stats.batches_spooled
             # The write on the dead connection failed and was spooled (or, had the pool held a
-            # live one, went straight in). Once the back-off is over, the next write goes through
-            # a fresh connection and the spool is replayed.
-            await asyncio.sleep(1.0)
+            # live one, went straight in); the next ones go through a fresh connection.
             await run_guarded(sink, later)
             await sink.flush()
-            await sink.replay_spool()
+            expected = len(before) + len(after) + len(later)
+            # A write within the back-off goes to the spool too; the replay takes it once the
+            # database answers again (bounded by the timeout above, never a wait for ever).
+            while sink.spool.pending() or await _events_stored(pg_target.schema) < expected:
+                await asyncio.sleep(0.25)
+                await sink.replay_spool()
         finally:
             await sink.aclose()
     assert await _events_stored(pg_target.schema) == len(before) + len(after) + len(later)
