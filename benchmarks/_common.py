@@ -27,6 +27,8 @@ class Sizes:
     latency_events: int = 20_000
     scale_streams: int = 1_000
     scale_events: int = 100
+    short_streams: int = 1_000
+    short_events: int = 20
     memory_streams: int = 4
     memory_small: int = 100
     memory_large: int = 100_000
@@ -47,6 +49,8 @@ class Sizes:
             latency_events=300,
             scale_streams=10,
             scale_events=10,
+            short_streams=20,
+            short_events=5,
             memory_streams=2,
             memory_small=10,
             memory_large=200,

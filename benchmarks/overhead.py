@@ -15,6 +15,8 @@ from eventguard import guard
 from ._common import Row, Sizes, bare, collect, delta, drain, median, now
 
 NAME = "overhead"
+#: Issue 13: the guard costs at most 1.8x one bare pass-through layer per event.
+TARGET = 1.8
 _POOL = [delta(i) for i in range(1_000)]
 
 
@@ -59,7 +61,7 @@ async def run(sizes: Sizes) -> list[Row]:
             "bare pass-through layer",
             base,
             "<=",
-            2.0,
+            TARGET,
             note=f"{n:,} events; source alone {src / n * 1e9:.0f} ns/event, subtracted",
         ),
         Row(
@@ -70,7 +72,7 @@ async def run(sizes: Sizes) -> list[Row]:
             "bare pass-through layer",
             base,
             "<=",
-            2.0,
+            TARGET,
         ),
     ]
     return rows

@@ -158,8 +158,13 @@ async def write(
     rows: bool = True,
     replay: bool = False,
     renumbered: Renumbered | None = None,
+    own_transaction: bool = False,
 ) -> Written:
     """Write ``batches`` inside the caller's transaction; what it did (refusals, duplicates).
+
+    ``own_transaction`` (PostgreSQL, a connection with no transaction open): the write opens its
+    own, straight on asyncpg for the common case (:mod:`eventguard.sink.direct`), else one of
+    SQLAlchemy's for the general path below.
 
     The batches' events must be serialised already (:meth:`Batch.serialised`). ``rows=False``
     writes only their events, transitions and anomalies (the row is known to be there: the
@@ -168,6 +173,14 @@ async def write(
     ``renumbered``: called for each batch stored under other attempt numbers than it carried
     (see "One response id, two streams").
     """
+    if own_transaction:
+        from eventguard.sink.direct import write_direct  # (it builds on this module)
+
+        written = await write_direct(conn, batches) if rows else None
+        if written is not None:
+            return written
+        async with conn.begin():
+            return await write(conn, batches, rows=rows, replay=replay, renumbered=renumbered)
     # Before the first statement: SQLAlchemy has not begun the transaction yet. Without the
     # row upsert, no statement through SQLAlchemy would begin it before the COPY (asyncpg's
     # transaction starts on the first one): the events take the keyed insert then.
@@ -261,22 +274,28 @@ async def _upsert(conn: AsyncConnection, chunk: list[Batch]) -> int:
     is one more step of the driver's thread, and each step takes the GIL back from the streams.
     """
     dialect = conn.dialect
-    procs = _processors(dialect, _ROW_COLUMNS)
     if dialect.name == "postgresql":
-        # One array per column: the statement text is the same whatever the number of rows.
-        columns: list[list[Any]] = [[b.response_id for b in chunk]]
-        for name, proc in zip(_ROW_VALUES, procs[1:-1], strict=True):
-            values = [b.row[name] for b in chunk]
-            columns.append(values if proc is None else [proc(v) for v in values])
-        columns.append([b.stream_id for b in chunk])
-        return await _execute(conn, _pg_upsert(), tuple(columns))
+        return await _execute(conn, _pg_upsert(), pg_row_arrays(dialect, chunk))
     else:
+        procs = _processors(dialect, _ROW_COLUMNS)
         pairs = list(zip(_ROW_VALUES, procs[1:-1], strict=True))
         rows = [
             (b.response_id, *(b.row[n] if p is None else p(b.row[n]) for n, p in pairs), b.stream_id)
             for b in chunk
         ]
     return await _execute(conn, _sqlite_upsert(), (orjson.dumps(rows).decode(),))
+
+
+def pg_row_arrays(dialect: Dialect, chunk: Sequence[Batch]) -> tuple[list[Any], ...]:
+    """The PostgreSQL upsert's parameters for ``chunk``'s rows: one array per column (the
+    statement text is the same whatever the number of rows), through the columns' bind processors."""
+    procs = _processors(dialect, _ROW_COLUMNS)
+    columns: list[list[Any]] = [[b.response_id for b in chunk]]
+    for name, proc in zip(_ROW_VALUES, procs[1:-1], strict=True):
+        values = [b.row[name] for b in chunk]
+        columns.append(values if proc is None else [proc(v) for v in values])
+    columns.append([b.stream_id for b in chunk])
+    return tuple(columns)
 
 
 async def _stored(conn: AsyncConnection, ids: set[str]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any, Protocol, cast
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.pool import NullPool
 
 from eventguard.sink import quarantine
 from eventguard.sink.apply import Renumbered, Stopped, Tally, Written, note_refused, write
@@ -29,6 +30,7 @@ from eventguard.sink.quarantine import QuarantineRecord
 from eventguard.sink.quarantine_file import QuarantineFile
 from eventguard.sink.report import Reporter, SinkStats, log
 from eventguard.sql.classify import ErrorKind, classify, reason
+from eventguard.sql.engine import BorrowedEngine
 from eventguard.sql.sqlite_thread import SqliteConnection, SqliteThread, drive
 
 __all__ = ["REPLAYING", "Committer", "Timeouts"]
@@ -90,7 +92,9 @@ class Committer:
         thread = self._thread()
         started = time.perf_counter()  # for stats.on_write: the write-duration metric
         async with asyncio.timeout(self._config.write_timeout):
-            if thread is None:
+            if thread is None and self._direct():
+                written = await self._on_driver(batches, rows=rows, replay=replay, renumbered=renumbered)
+            elif thread is None:
                 async with self._engine().begin() as conn:
                     written = await write(conn, batches, rows=rows, replay=replay, renumbered=renumbered)
             else:
@@ -107,6 +111,23 @@ class Committer:
             self._stats.quarantined += written.quarantined
             for dup in written.duplicates:
                 log.warning("eventguard sink: %s", quarantine.text(dup.reason))
+        return written
+
+    async def _on_driver(
+        self, batches: Sequence[Batch], *, rows: bool, replay: bool, renumbered: Renumbered | None
+    ) -> Written:
+        """PostgreSQL: the common case straight on asyncpg (:mod:`eventguard.sink.direct`), else
+        the general path in a transaction of SQLAlchemy's, on the same connection. A connection
+        found dead, or left inside a transaction (a cancelled write), leaves the pool: the engine
+        does not ping before each checkout, so this is where a dead one is found."""
+        async with self._engine().connect() as conn:
+            try:
+                written = await write(
+                    conn, batches, rows=rows, replay=replay, renumbered=renumbered, own_transaction=True
+                )
+            except BaseException:
+                await _drop_if_unusable(conn)
+                raise
         return written
 
     @staticmethod
@@ -138,6 +159,17 @@ class Committer:
             if renumbered is not None:
                 for args in told:
                     renumbered(*args)
+
+    def _direct(self) -> bool:
+        """Whether this engine's writes may go straight to asyncpg: PostgreSQL with a pool of
+        its own (a borrowed engine sets its schema per transaction of SQLAlchemy's; ``pooler_safe``
+        has no pool, so no staging table)."""
+        engine = self._engine()
+        return (
+            engine.dialect.name == "postgresql"
+            and not isinstance(engine, BorrowedEngine)
+            and not isinstance(engine.pool, NullPool)
+        )
 
     async def apply(self, batches: list[Batch], tally: Tally) -> None:
         """Write ``batches``, adding what it came to to ``tally``; a group the database refuses
@@ -291,3 +323,17 @@ class Committer:
         why = f"the quarantine table could not be written ({self._report.why(error)})"
         await self._file.keep_async(records, why)
         return len(records)
+
+
+async def _drop_if_unusable(conn: AsyncConnection) -> None:
+    """Take ``conn`` out of the pool if its asyncpg connection is closed or still inside a
+    transaction (SQLAlchemy drops a connection on the disconnects it sees itself; the direct
+    path's errors never pass through it). Never raises: the write's own error is the one to see."""
+    if conn.invalidated:
+        return
+    try:
+        driver = (await conn.get_raw_connection()).driver_connection
+        if driver is None or driver.is_closed() or driver.is_in_transaction():
+            await conn.invalidate()
+    except BaseException:  # cancelled or broken: the pool's own checks remain
+        return

@@ -222,6 +222,11 @@ class Writer:
             statement_timeout=config.statement_timeout,
             # The server takes any text there but a NUL (nor can asyncpg send a lone surrogate).
             application_name=quarantine.text(f"eventguard {config.owner}"),
+            # No ping per checkout (two round trips a transaction): a connection that died in
+            # the pool fails its write, which is dropped from the pool, and the batches go to
+            # the spool and are replayed on the next connection (see
+            # tests/sink/test_a_killed_connection_loses_nothing.py).
+            pre_ping=False,
         )
 
     # -- the sink's lifecycle ----------------------------------------------------------------------

@@ -344,6 +344,7 @@ def create_engine(
     application_name: str = "eventguard",
     pool_size: int = 5,
     echo: bool = False,
+    pre_ping: bool = True,
 ) -> AsyncEngine:
     """An async engine configured for eventguard's access pattern.
 
@@ -351,7 +352,9 @@ def create_engine(
     another process holds the write lock), foreign keys on, and ``BEGIN IMMEDIATE`` for every
     transaction, so the write lock is taken up front, where the busy handler applies, rather
     than on the first write, where a read->write upgrade fails with "database is locked".
-    PostgreSQL: ``pool_pre_ping`` (replicas outlive server restarts), an optional ``schema``
+    PostgreSQL: ``pool_pre_ping`` unless ``pre_ping`` is False (replicas outlive server restarts;
+    the sink turns it off: it costs two round trips per transaction, and the sink's own
+    spool-and-replay path already survives a dead connection), an optional ``schema``
     (a ``search_path``), a ``statement_timeout`` (a stuck write fails, so the sink spools it),
     and ``pooler_safe`` for PgBouncer-style poolers, which cannot keep server-side prepared
     statements across transactions.
@@ -398,7 +401,7 @@ def create_engine(
         kwargs["pool_size"] = pool_size
         kwargs["max_overflow"] = pool_size
     kwargs["connect_args"] = connect_args
-    kwargs["pool_pre_ping"] = True
+    kwargs["pool_pre_ping"] = pre_ping
     return create_async_engine(url, **kwargs)
 
 

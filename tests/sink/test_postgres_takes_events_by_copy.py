@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from eventguard.sink import SqlSink, apply
+from eventguard.sink import SqlSink, apply, direct
 from eventguard.sink import commit as commit_module
 from eventguard.sink.batch import Batch
 from eventguard.sql import engine as _db
@@ -86,7 +86,9 @@ async def test_events_are_copied_unless_pooler_safe(
             assert delta == 'é ☃ \\ " \t'
         finally:
             await sink.aclose()
-    assert sum(copies) == (0 if pooler_safe else len(evs))
+    # A cycle of fewer than COPY_FROM events takes one keyed insert instead (one round trip).
+    copied = sum(len(b.events) for b in batches if len(b.events) >= direct.COPY_FROM)
+    assert copied > 0 and sum(copies) == (0 if pooler_safe else copied)
     assert not pg_target.spool.exists()
 
 
