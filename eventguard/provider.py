@@ -92,7 +92,6 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.pool import AsyncAdaptedQueuePool, NullPool
 
 from eventguard.errors import ResponseStoreError, SchemaMismatchError, UnstorableError
 from eventguard.records import EnvelopePruneResult, EnvelopeRecord
@@ -405,8 +404,6 @@ class SqlResponseProvider:
                 statement_timeout=self._statement_timeout,
                 application_name="eventguard response store",
             )
-            if self._sqlite and _db.sqlite_path(self.url) is not None:
-                _pool_sqlite_file(self._engine)
         return self._engine
 
     def _fences_writes(self) -> bool:
@@ -1250,32 +1247,6 @@ _SQLITE_UPSERT_ITEM = (
     "VALUES (?, ?, ?, ?, ?) ON CONFLICT (partition, item_key) "
     "DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at"
 )
-
-
-def _pool_sqlite_file(engine: AsyncEngine) -> None:
-    """Pool an SQLite file's aiosqlite connections (``AsyncAdaptedQueuePool``), as SQLAlchemy 2.1
-    does; 2.0 gives them a ``NullPool``, so every provider call opened a connection of its own (a
-    new aiosqlite thread, the pragmas) before its first statement.
-
-    Safe: SQLAlchemy makes each aiosqlite connection's thread a daemon (an engine never disposed
-    does not keep the process alive), the engine's pragmas run per connection (its ``connect``
-    hook) and the pool's reset is the engine's own (``reset`` hook). The new pool takes the old
-    one's creator, settings and event listeners, as ``Engine.dispose()`` makes its successor.
-    """
-    sync = engine.sync_engine
-    old = sync.pool
-    if not isinstance(old, NullPool):
-        return  # SQLAlchemy 2.1 and later: pooled already
-    sync.pool = AsyncAdaptedQueuePool(
-        old._creator,
-        recycle=old._recycle,
-        echo=old.echo,
-        logging_name=old._orig_logging_name,
-        reset_on_return=old._reset_on_return,
-        pre_ping=old._pre_ping,
-        _dispatch=old.dispatch,
-        dialect=old._dialect,
-    )
 
 
 def _last(ids: list[str], limit: int) -> list[str]:

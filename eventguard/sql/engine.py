@@ -39,7 +39,7 @@ __all__ = [
 ]
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import AsyncAdaptedQueuePool, NullPool
 
 from eventguard.sql.sqlite_thread import SqliteThread
 
@@ -370,6 +370,9 @@ def create_engine(
         path = sqlite_path(url)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
+            # A file's connections are pooled, as SQLAlchemy 2.1 does: 2.0 gives aiosqlite a
+            # NullPool, so every transaction opened a connection (a thread, the pragmas) of its own.
+            kwargs["poolclass"] = AsyncAdaptedQueuePool
         # sqlite3's own transaction handling is switched off below; a connection timeout
         # still matters for the initial open.
         kwargs["connect_args"] = {"timeout": busy_timeout_ms / 1000}
