@@ -496,7 +496,10 @@ def _utc(value: datetime, name: str) -> datetime:
 
 def _cutoff(older_than: timedelta | datetime) -> datetime:
     if isinstance(older_than, timedelta):
-        return datetime.now(UTC) - older_than
+        try:
+            return datetime.now(UTC) - older_than
+        except OverflowError:  # an age reaching back before the year 1: a bad argument, not the database's
+            raise InvalidQueryError(f"older_than {older_than} reaches back before the year 1") from None
     return _utc(older_than, "older_than")
 
 

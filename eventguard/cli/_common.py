@@ -119,7 +119,7 @@ def resolve(url: str | None, schema: str | None = None) -> URL:
     """
     resolved = _resolve(url)
     if schema is not None and resolved.get_backend_name() != "postgresql":
-        fail(f"--schema {schema!r} is a PostgreSQL setting: an SQLite database has one schema")
+        fail(f"--schema {quoted(schema)} is a PostgreSQL setting: an SQLite database has one schema")
     return resolved
 
 
@@ -129,7 +129,7 @@ def _resolve(url: str | None) -> URL:
     if raw is not None:
         problem = _db.url_problem(raw)
         if problem is not None:
-            fail(f"bad database URL {_db.safe_url(raw)!r}: {problem}")
+            fail(f"bad database URL {quoted(_db.safe_url(raw))}: {problem}")
     try:
         return _db.resolve_url(url)
     except ArgumentError:
@@ -137,7 +137,7 @@ def _resolve(url: str | None) -> URL:
     except ValueError as exc:  # ours ("unsupported database ..."), or the parser's on a bad port
         text = str(exc)
         reason = text if text.startswith("unsupported database") else "cannot read it as a URL"
-    fail(f"bad database URL {_db.safe_url(raw or '')!r}: {reason}")
+    fail(f"bad database URL {quoted(_db.safe_url(raw or ''))}: {reason}")
 
 
 def shown_url(url: URL) -> str:
@@ -180,7 +180,8 @@ def errors(url: URL | None = None) -> Iterator[None]:
         orig = getattr(exc, "orig", None) or exc
         lines = [line for line in str(orig).splitlines() if line.strip()]
         text = lines[0] if lines else type(orig).__name__
-        fail(f"cannot use the database{where}: {type(orig).__name__}: {scrub(text, _db.url_secrets(url))}")
+        secrets = _db.url_secrets(url)
+        fail(f"cannot use the database{where}: {type(orig).__name__}: {scrub(cut(text, secrets), secrets)}")
 
 
 def handled(fn: Callable[P, T]) -> Callable[P, T]:
@@ -299,7 +300,9 @@ Status = Annotated[
         help="Only this status.",
         parser=choice(
             State,
-            lambda value: f"unknown status {value!r}: expected one of {', '.join(s.value for s in State)}",
+            lambda value: (
+                f"unknown status {quoted(value)}: expected one of {', '.join(s.value for s in State)}"
+            ),
         ),
     ),
 ]
@@ -308,14 +311,47 @@ Policy = Annotated[
     typer.Option(
         "--policy",
         help="Mark them interrupted (recoverable) or failed.",
-        parser=choice(RecoverPolicy, lambda value: f"--policy must be interrupted or failed, not {value!r}"),
+        parser=choice(
+            RecoverPolicy, lambda value: f"--policy must be interrupted or failed, not {quoted(value)}"
+        ),
     ),
 ]
 
 
+#: The longest error line said whole; a longer one (a megabyte id in it) is cut, saying so.
+LINE = 2000
+#: At most this many characters of an argument are quoted back in an error message.
+QUOTED = 200
+
+
+def quoted(value: str) -> str:
+    """An argument as an error message quotes it: its ``repr``, cut to :data:`QUOTED` characters (with
+    its length said) so that a megabyte argument is not a megabyte message."""
+    if len(value) <= QUOTED:
+        return repr(value)
+    return f"{value[:QUOTED]!r}... ({len(value)} characters)"
+
+
 def one_line(text: str, secrets: Iterable[str] = ()) -> str:
-    """Scrubbed of secrets, then escaped: a message that is one line and safe to print."""
-    return printable(scrub(text, secrets))
+    """Scrubbed of secrets, then escaped: a message that is one line and safe to print (cut first when
+    it is long: see :func:`cut`)."""
+    return printable(scrub(cut(text, secrets), secrets))
+
+
+def cut(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` cut to :data:`LINE` characters, saying so, before it is scrubbed: scrubbing a long run
+    of letters costs time that grows with the square of its length (a megabyte of them held
+    ``responses show`` for hours). Known secrets are masked before the cut, and the cut goes back to
+    the last space, so no URL is cut inside its password."""
+    if len(text) <= LINE:
+        return text
+    for secret in sorted({*_SECRETS, *secrets}, key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, _db.MASK)
+    if len(text) <= LINE:
+        return text
+    head = text[:LINE].rsplit(None, 1)[0] if " " in text[:LINE] else ""
+    return f"{head} ... (cut: {len(text)} characters)"
 
 
 @contextmanager
@@ -503,14 +539,21 @@ def ms(value: float | None) -> str:
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)\s*$", re.IGNORECASE)
+#: The longest age a duration may name (``datetime.min`` is the year 1).
+MAX_AGE = "700000d"
 _UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_duration(text: str, option: str) -> timedelta:
     match = _DURATION.match(text)
     if match is None:
-        fail(f"{option}: expected a duration such as 30m, 12h, 7d or 2w, not {text!r}")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2).lower()])
+        fail(f"{option}: expected a duration such as 30m, 12h, 7d or 2w, not {quoted(text)}")
+    try:
+        age = timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2).lower()])
+        datetime.now(UTC) - age  # the time it names must exist too
+    except OverflowError:
+        fail(f"{option}: {quoted(text)} reaches back before the year 1 (keep it under {MAX_AGE})")
+    return age
 
 
 def parse_time(text: str, option: str) -> datetime:
@@ -522,6 +565,6 @@ def parse_time(text: str, option: str) -> datetime:
     except ValueError:
         fail(
             f"{option}: expected an age such as 2h or 7d, or an ISO time such as 2025-01-31T12:00, "
-            f"not {text!r}"
+            f"not {quoted(text)}"
         )
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value

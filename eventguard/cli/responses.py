@@ -21,6 +21,7 @@ from eventguard.cli._common import (
     out,
     parse_time,
     printable,
+    quoted,
     resolve,
     run,
     say,
@@ -116,7 +117,7 @@ def show(
     ensure_exists(url)
     history, envelopes = run(lambda: with_store(url, work, schema))
     if history is None:
-        fail(f"unknown response id {response_id!r}")
+        fail(f"unknown response id {quoted(response_id)}")
     if json:
         shown = history.model_dump(mode="json")
         if envelopes:  # the host's SQL response store has it too

@@ -27,20 +27,12 @@ import pytest
 
 from eventguard import SqlSink, guard
 from eventguard.lifecycle import ResponseInfo
+from tests._hostile import STRINGS
 
 from ._common import Db, database, pg_execute, report
 
 STEP = 60.0
 
-#: Hostile strings, each with a plain marker around it so the case stays findable.
-STRINGS: dict[str, str] = {
-    "nul": "a\x00b",
-    "lone_surrogate": "a\udcffb",
-    "c0_c1_controls": "a\x01\x07\x08\x1f\x7f\x85\x9fb",
-    "ansi_escape": "a\x1b[31mred\x1b[0m\x1b]0;title\x07b",
-    "rtl_override": "a\u202eevil\u202cb",
-    "one_megabyte": "m" * (1 << 20),
-}
 NUMBERS: dict[str, float] = {"nan": math.nan, "inf": math.inf, "minus_inf": -math.inf}
 
 #: Where a hostile string goes: the column (or field) it can reach.
