@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from eventguard.provider import ANONYMOUS, SqlResponseProvider, _key
+from eventguard.envelopes import ANONYMOUS
+from eventguard.envelopes import key as row_key
+from eventguard.provider import SqlResponseProvider
 from eventguard.replicas import leases as lease_sql
 from eventguard.replicas.replica import reap
 
@@ -15,8 +17,8 @@ from eventguard.replicas.replica import reap
 async def _leased(provider: SqlResponseProvider, response_id: str, lease: float) -> None:
     async with provider.engine.begin() as conn:
         token = await lease_sql.claim(
-            conn, partition=ANONYMOUS, key=_key(response_id), response_id=response_id, owner="dead-replica",
-            lease=lease, takeover=False,
+            conn, partition=ANONYMOUS, key=row_key(response_id), response_id=response_id,
+            owner="dead-replica", lease=lease, takeover=False,
         )  # fmt: skip
     assert token == 1
     envelope = {"id": response_id, "object": "response", "status": "in_progress", "output": []}
@@ -38,7 +40,7 @@ async def test_an_expired_lease_is_ended_once_by_racing_reapers_and_a_live_one_i
             assert ended["status"] == "failed" and ended["error"]["code"] == "server_error"
             assert (await provider.get_response("resp_live"))["status"] == "in_progress"
             async with provider.engine.begin() as conn:
-                lease = await lease_sql.lease_of(conn, ANONYMOUS, _key("resp_expired"))
+                lease = await lease_sql.lease_of(conn, ANONYMOUS, row_key("resp_expired"))
             assert lease is not None and (lease.state, lease.fencing_token) == ("ended", 2)
             assert await reap(provider.engine) == []  # idempotent
         finally:
@@ -53,7 +55,7 @@ async def test_a_second_claim_of_an_id_is_refused_and_a_deleted_one_can_be_claim
         await provider.start()
         try:
             await _leased(provider, "resp_one", 3600.0)
-            key = _key("resp_one")
+            key = row_key("resp_one")
             async with provider.engine.begin() as conn:
                 kwargs = {"partition": ANONYMOUS, "key": key, "response_id": "resp_one", "lease": 10.0}
                 assert await lease_sql.claim(conn, owner="other", takeover=False, **kwargs) is None
