@@ -72,7 +72,6 @@ from typing import Any, Literal, TypeVar, cast
 import aiosqlite
 from azure.ai.agentserver.responses.store._base import (
     ResponseAlreadyExistsError,
-    ResponseStoreCorruptionError,
 )
 from sqlalchemy import (
     Select,
@@ -93,6 +92,12 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from eventguard.envelopes import ProviderStorageError
+from eventguard.envelopes import dump as _dump
+from eventguard.envelopes import key as _key
+from eventguard.envelopes import load as _load
+from eventguard.envelopes import partition as _partition
+from eventguard.envelopes import shown as _shown
 from eventguard.errors import ResponseStoreError, SchemaMismatchError, UnstorableError
 from eventguard.records import EnvelopePruneResult, EnvelopeRecord
 from eventguard.sql import engine as _db
@@ -100,7 +105,6 @@ from eventguard.sql import migrate as _migrate
 from eventguard.sql import storable
 from eventguard.sql.sqlite_thread import SqliteConnection, SqliteThread, drive
 from eventguard.sql.tables import (
-    ID,
     provider_conversations,
     provider_history,
     provider_items,
@@ -112,8 +116,6 @@ __all__ = ["ProviderStorageError", "SqlResponseProvider", "prune_store", "read_e
 
 log = logging.getLogger(__name__)
 
-#: The partition of a call without a user (no context, or ``user_id_key`` None).
-ANONYMOUS = "anonymous"
 #: ``get_input_items`` clamps its limit to this range, as the host's own stores do.
 MIN_PAGE, MAX_PAGE = 1, 100
 #: Ids looked up per statement (both drivers bind at most ~32k parameters).
@@ -127,92 +129,7 @@ HISTORY_ATTEMPTS = 8
 T = TypeVar("T")
 
 
-class ProviderStorageError(ResponseStoreError, ResponseStoreCorruptionError):
-    """The response store could not read or write the database (away, locked, wrong schema, a
-    row that does not decode). Never a ``KeyError``: the host takes that for "not found" and, on
-    recovery, drops the response for good.
-
-    It is an :class:`eventguard.errors.ResponseStoreError` for users and the host's
-    ``ResponseStoreCorruptionError`` for the host, which then answers 500 instead of 404 and keeps
-    a resilient run for a later recovery.
-    """
-
-
 # -- encoding: exact values as text any column holds -------------------------------------------------
-
-
-#: How a ``datetime`` travels in the stored JSON (the host's resilient checkpoints carry one in
-#: ``created_at``): ``{TAG: isoformat}``, read back as the same ``datetime``. A real object spelt
-#: like that would read back as a datetime: the round-trip check refuses it instead.
-DATETIME_TAG = "$eventguard.datetime"
-
-
-def _encode_other(value: object) -> object:
-    if isinstance(value, datetime):
-        return {DATETIME_TAG: value.isoformat()}
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-def _decode_object(obj: dict[str, Any]) -> object:
-    if len(obj) == 1 and DATETIME_TAG in obj and isinstance(obj[DATETIME_TAG], str):
-        return datetime.fromisoformat(obj[DATETIME_TAG])
-    return obj
-
-
-def _loads(text: str) -> Any:
-    # The object hook costs a Python call per object: only text holding the tag needs it.
-    if DATETIME_TAG in text:
-        return json.loads(text, object_hook=_decode_object)
-    return json.loads(text)
-
-
-def _dump(value: object, what: str) -> str:
-    """``value`` as ASCII JSON text that decodes to an equal value, or :class:`UnstorableError`.
-
-    ASCII, so NUL and lone surrogates travel as ``\\u`` escapes (no column refuses them); a
-    ``datetime`` travels tagged (:data:`DATETIME_TAG`); the round trip is checked (in C), so a
-    tuple, a non-string key or a bool key is refused rather than stored as something else.
-    """
-    try:
-        text = json.dumps(
-            value, ensure_ascii=True, allow_nan=False, separators=(",", ":"), default=_encode_other
-        )
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise UnstorableError(f"{what} cannot be stored exactly as JSON: {exc}") from None
-    if _loads(text) != value:
-        raise UnstorableError(
-            f"{what} would not read back equal to itself from JSON (a tuple, a non-string key, ...)"
-        )
-    return text
-
-
-def _load(text: str | None, what: str) -> Any:
-    if text is None:
-        raise ProviderStorageError(f"{what} has no stored body")
-    try:
-        return _loads(text)
-    except ValueError as exc:
-        raise ProviderStorageError(f"{what} does not decode: {exc}") from exc
-
-
-def _key(value: str) -> str:
-    """The row key of an exact string: its SHA-256 (lone surrogates kept by surrogatepass)."""
-    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def _partition(context: object) -> str:
-    user = getattr(context, "user_id_key", None) if context is not None else None
-    if user is None:
-        return ANONYMOUS
-    if not isinstance(user, str):
-        raise UnstorableError(f"context.user_id_key must be a str or None, not {type(user).__name__}")
-    return _key(user)
-
-
-def _shown(value: str) -> str:
-    """The sink's storable form of an id (for people, and joins with ``eventguard_responses``)."""
-    fix = storable.identifier(value, ID.length or 255)
-    return value if fix is None else fix.stored
 
 
 def _enc_id(value: str) -> str:

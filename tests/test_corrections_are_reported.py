@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -23,18 +22,13 @@ from opentelemetry.trace import use_span
 from eventguard import guard, telemetry
 from eventguard.lifecycle import CORRECTIONS, AnomalyKind, Lifecycle, ResponseInfo
 from eventguard.testing import Scripted, host_context, stream_events, terminal
+from tests._telemetry import reading_metrics
 
 
 @pytest.fixture
 def metrics() -> Iterator[InMemoryMetricReader]:
-    reader = InMemoryMetricReader()
-    before = telemetry.set_reporting(
-        telemetry.Reporting(meter_provider=MeterProvider(metric_readers=[reader]))
-    )
-    try:
+    with reading_metrics() as reader:
         yield reader
-    finally:
-        telemetry.set_reporting(before)
 
 
 @pytest.fixture

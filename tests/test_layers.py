@@ -35,8 +35,15 @@ DESIGN = ROOT / "docs" / "design.md"
 #: Who may import the host's packages, and who may import uvicorn/openai (module-name prefixes).
 HOST_PACKAGES = ("agent_framework", "azure.ai.agentserver")
 # eventguard.provider implements the host's ResponseProviderProtocol and must raise its exception
-# classes (the host catches ResponseAlreadyExistsError by class).
-HOST_IMPORTERS = ("eventguard.foundry", "eventguard.provider", "eventguard.testing", "eventguard.demo")
+# classes (the host catches ResponseAlreadyExistsError by class); eventguard.envelopes defines
+# ProviderStorageError, a ResponseStoreCorruptionError to the host.
+HOST_IMPORTERS = (
+    "eventguard.foundry",
+    "eventguard.provider",
+    "eventguard.envelopes",
+    "eventguard.testing",
+    "eventguard.demo",
+)
 CLIENT_PACKAGES = ("uvicorn", "openai")
 CLIENT_IMPORTERS = ("eventguard.testing", "eventguard.demo", "eventguard.cli")
 

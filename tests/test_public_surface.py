@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import eventguard
+import eventguard.envelopes
 import eventguard.errors
 import eventguard.lifecycle
 import eventguard.recording
@@ -127,6 +128,7 @@ def test_every_public_name_of_the_package_is_in_all() -> None:
     "module",
     [
         eventguard.sql.engine,
+        eventguard.envelopes,
         eventguard.errors,
         eventguard.lifecycle,
         eventguard.recording,

@@ -45,7 +45,7 @@ def replay(
 ) -> None:
     """Load the spool into the database, idempotently; each file is removed once loaded.
 
-    Files are read a record at a time, and each is claimed while it is loaded: two replays at once
+    Files are read an entry at a time, and each is claimed while it is loaded: two replays at once
     (two processes, a server starting) never load the same file, and each counts only its own.
     """
     url = resolve(database_url, schema)
@@ -90,11 +90,11 @@ def replay(
             markup=False,
         )
     if result.bad_lines:
-        out.print(f"{result.bad_lines} unreadable record(s)", markup=False)
+        out.print(f"{_entries(result.bad_lines)} unreadable", markup=False)
     if quarantined:
         out.print(
-            f"{quarantined} record(s) quarantined (unreadable, refused by the database, or a duplicate "
-            "stream): see the eventguard_quarantine table, or the quarantine file beside the spool",
+            f"{quarantined} quarantined (unreadable entries, batches the database refused, duplicate "
+            "streams): see the eventguard_quarantine table, or the quarantine file beside the spool",
             markup=False,
         )
     for refusal in result.refusals:
@@ -104,3 +104,8 @@ def replay(
             f"{waiting} bytes still in the spool (written meanwhile, or being replayed by another process)",
             markup=False,
         )
+
+
+def _entries(count: int) -> str:
+    """``count`` spool entries, in words: "1 spool entry", "2 spool entries"."""
+    return f"{count} spool {'entry' if count == 1 else 'entries'}"

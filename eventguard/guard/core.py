@@ -139,6 +139,9 @@ class _Core:
     and its suspended generator is finalised by the event loop then, not at the next garbage collection.
     """
 
+    #: The hot loop's generator, set by the Guard that makes it (held weakly: see the class docstring).
+    _gen_ref: weakref.ref[AsyncGeneratorType[Any, None]]
+
     __slots__ = (
         "__weakref__",
         "_closing",
@@ -158,12 +161,11 @@ class _Core:
         self,
         stream: AsyncIterable[Any],
         cancellation_signal: CancellationSignal,
-        options: GuardOptions = _DEFAULTS,
-        *,
-        context: Any = None,
-        sink: Sink | None = None,
-        info: ResponseInfo | None = None,
-        process_shutdown: object = None,
+        options: GuardOptions,
+        context: Any,
+        sink: Sink | None,
+        info: ResponseInfo | None,
+        process_shutdown: object,
     ) -> None:
         aiter_ = aiter_of(stream)  # checked first; called last, once the guard is sure to be built
         #: The only reader of the host's context and signals (see host.py).
@@ -179,8 +181,6 @@ class _Core:
         #: The live lifecycle model of this response.
         self.lifecycle = Lifecycle.for_recovery(info) if info.is_recovery else Lifecycle(info=info)
         self._rec: Recorder | None = sink.recorder(self.lifecycle) if sink is not None else None
-        #: The hot loop's generator, once the Guard has made it (held weakly: see the class docstring).
-        self._gen_ref: weakref.ref[AsyncGeneratorType[Any, None]] | None = None
         self._phase = Phase.NEW
         #: The stuck-stream watchdog: its task, and the books of the cancel it may send (watchdog.py).
         self._watchdog = Watchdog()
@@ -188,10 +188,6 @@ class _Core:
         self._ref = Referee(self.lifecycle, self._rec, options, host)
         #: How the consumer is closing the guard while its generator unwinds (see _end_closed).
         self._closing: Ending | None = None
-
-    def _gen(self) -> AsyncGeneratorType[Any, None] | None:
-        ref = self._gen_ref
-        return None if ref is None else ref()
 
     def _open(self) -> None:
         """The guard is in use from its first step or close on: single use is spent."""
@@ -217,7 +213,7 @@ class _Core:
             if grace is not None:
                 # It holds the guard only by a weak reference: a guard dropped without being closed is
                 # collected and finalised like an async generator, and that cancels the watchdog.
-                self._watchdog.start(loop, self, self._host, grace)
+                self._watchdog.start(loop, self._gen_ref, self._ref, self._host, grace)
         rec = self._rec
         # Plain str types already seen to need nothing but forwarding; emptied (Referee.go_slow) once
         # every event must take the slow path: after the terminal, or when the guard is ending.
@@ -364,18 +360,6 @@ class _Core:
         self._ref.raised(exc, ending)
         await self._finish()
 
-    # -- the watchdog's turn (see Watchdog.on_grace) -----------------------------------------------
-
-    def _on_grace(self, grace: float) -> bool:
-        """``grace`` after the cause: the watchdog's turn (see Watchdog.on_grace)."""
-        if self._phase is Phase.FINISHED:
-            return False
-        return self._watchdog.on_grace(self._gen(), self._ref, grace)
-
-    def _on_second_grace(self) -> None:
-        if self._phase is not Phase.FINISHED:
-            self._watchdog.on_second_grace(self._ref)
-
 
 class Guard:
     """A single-use async iterator and async context manager over one guarded stream.
@@ -402,15 +386,7 @@ class Guard:
     ) -> None:
         """Built by :func:`guard` from its keyword arguments; built directly with a :class:`GuardOptions`
         (``GuardedResponses`` does). ``options.recoverable=None`` is resolved here, by the host adapter."""
-        self._core = core = _Core(
-            stream,
-            cancellation_signal,
-            options,
-            context=context,
-            sink=sink,
-            info=info,
-            process_shutdown=process_shutdown,
-        )
+        self._core = core = _Core(stream, cancellation_signal, options, context, sink, info, process_shutdown)
         #: The live lifecycle model of this response.
         self.lifecycle = core.lifecycle
         self._gen: AsyncGeneratorType[Any, None] | None = None

@@ -1,9 +1,9 @@
 """The watchdog of one guard: its task, the stuck-stream cancel it sends, and that cancel's take-back.
 
-Once a cause is signalled it gives the stream ``cancel_grace`` seconds, then asks the guard what to do
-(``_on_grace``: the guard decides, the watchdog only keeps time and the cancel's books). It holds the
-guard only by a weak reference, and only between its awaits: a guard dropped without being closed is
-collected, and its generator's finaliser cancels the watchdog.
+Once a cause is signalled it gives the stream ``cancel_grace`` seconds, then looks where the guard is
+(:meth:`Watchdog.on_grace`: the referee decides, the watchdog keeps time and the cancel's books). It
+holds the guard's generator only by a weak reference, and only between its awaits: a guard dropped
+without being closed is collected, and its generator's finaliser cancels the watchdog.
 
 The task to interrupt is the one whose await runs through the guard's step, found when the watchdog
 fires, never on the hot path. A step may run in a task of its own (as under
@@ -35,7 +35,7 @@ import weakref
 from collections.abc import AsyncGenerator, Callable
 from enum import Enum
 from types import AsyncGeneratorType, CoroutineType, GeneratorType
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 from eventguard.guard.inner import keep
 from eventguard.guard.referee import STUCK_MESSAGE
@@ -61,18 +61,10 @@ class StuckCancel(Enum):
     HANDLED = "handled"
 
 
-class Watched(Protocol):
-    """What the watchdog asks of its guard when the grace has run out (the guard decides)."""
-
-    def _on_grace(self, grace: float) -> bool: ...
-
-    def _on_second_grace(self) -> None: ...
-
-
 class Watchdog:
     """The stuck-stream watchdog of one guard, and the books of the one cancel it may send."""
 
-    __slots__ = ("cancel", "first_task", "stuck_task", "task")
+    __slots__ = ("cancel", "first_task", "stopped", "stuck_task", "task")
 
     def __init__(self) -> None:
         #: The watchdog's own task, once started.
@@ -83,38 +75,50 @@ class Watchdog:
         self.cancel = StuckCancel.NOT_SENT
         #: The task the stuck-stream cancel was sent to, while that is handled (None unless SENT).
         self.stuck_task: asyncio.Task[Any] | None = None
+        #: The guard finished (``stop()``): the watchdog's turn, should it still come, does nothing.
+        self.stopped = False
 
-    def start(self, loop: asyncio.AbstractEventLoop, guard: Watched, host: Host, grace: float) -> None:
-        """Start watching, from the guard's first step (the current task is where it looks first)."""
+    def start(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        gen: weakref.ref[AsyncGeneratorType[Any, None]],
+        referee: Referee,
+        host: Host,
+        grace: float,
+    ) -> None:
+        """Start watching the guard's generator ``gen`` (a weak reference) and its ``referee``, once
+        ``host`` signals a cause, for ``grace`` seconds; from the guard's first step, in ``loop`` (the
+        current task is where it looks first)."""
         self.first_task = asyncio.current_task()
         # The watchdog task is kept alive (inner.keep) until it ends, so that it is never collected
         # pending along with a dropped guard and the signal it waits on.
-        self.task = task = loop.create_task(Watchdog._watch(weakref.ref(guard), host, grace))
+        self.task = task = loop.create_task(self._watch(gen, referee, host, grace))
         keep(task)
 
     def stop(self) -> None:
         """The guard is ending: stop watching (unless this is the watchdog's own call)."""
+        self.stopped = True
         task = self.task
         if task is not None and task is not asyncio.current_task():
             task.cancel()
 
-    @staticmethod
-    async def _watch(ref: weakref.ref[Watched], host: Host, grace: float) -> None:
+    async def _watch(
+        self, ref: weakref.ref[AsyncGeneratorType[Any, None]], referee: Referee, host: Host, grace: float
+    ) -> None:
         """Once a cause is signalled, give the stream ``grace`` seconds, then stop waiting for it.
 
-        Holds the guard only by ``ref``, and only between its awaits: a guard dropped without being
-        closed is collected, and its generator's finaliser cancels this task.
+        Holds the guard's generator only by ``ref``, and only between its awaits: a guard dropped
+        without being closed is collected, and its generator's finaliser cancels this task.
         """
         await host.wait_for_cause(ref)
         await asyncio.sleep(grace)
-        g = ref()
-        if g is None or not g._on_grace(grace):
+        gen = ref()
+        if gen is None or self.stopped or not self.on_grace(gen, referee, grace):
             return
-        del g
+        del gen
         await asyncio.sleep(grace)
-        g = ref()
-        if g is not None:
-            g._on_second_grace()
+        if ref() is not None and not self.stopped:
+            self.on_second_grace(referee)
 
     @property
     def cancel_pending(self) -> bool:
@@ -140,12 +144,12 @@ class Watchdog:
         # The count was zero before our cancel: back at zero, ours was the only one.
         return not task.uncancel()
 
-    def on_grace(self, gen: AsyncGeneratorType[Any, None] | None, referee: Referee, grace: float) -> bool:
-        """``grace`` after the cause, the guard not finished. True when a stuck await was cancelled and
-        is to be checked again after a second ``grace``."""
+    def on_grace(self, gen: AsyncGeneratorType[Any, None], referee: Referee, grace: float) -> bool:
+        """``grace`` after the cause, the guard (its generator ``gen``, its ``referee``) not finished.
+        True when a stuck await was cancelled and is to be checked again after a second ``grace``."""
         if referee.stage.owned:
             return False
-        if gen is not None and gen.ag_await is not None:
+        if gen.ag_await is not None:
             # Suspended inside an await of the hot loop: that is the inner stream's __anext__, in
             # whichever task took this step (each step may be a task of its own: wait_for(anext(it))).
             task = waiting_task(gen, self.first_task)

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from eventguard.provider import ProviderStorageError, SqlResponseProvider, _key
+from eventguard.envelopes import key as _key
+from eventguard.provider import ProviderStorageError, SqlResponseProvider
 from eventguard.replicas import leases as lease_sql
 from eventguard.replicas import snapshot as snapshots
 

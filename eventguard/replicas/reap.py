@@ -12,8 +12,10 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from eventguard.envelopes import dump as _dump
+from eventguard.envelopes import load as _load
+from eventguard.envelopes import shown as _shown
 from eventguard.lifecycle import Cause
-from eventguard.provider import _dump, _load, _shown
 from eventguard.sql.tables import ENDED, provider_responses, responses, transitions
 
 #: The cause the reaper records: the replica that ran the response is gone (its lease expired).

@@ -15,8 +15,10 @@ from sqlalchemy import event, func, literal, select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from eventguard.envelopes import key as _key
+from eventguard.envelopes import partition as _partition
+from eventguard.envelopes import shown as _shown
 from eventguard.lifecycle import AnomalyKind
-from eventguard.provider import _key, _partition, _shown
 from eventguard.replicas import leases as lease_sql
 from eventguard.replicas import snapshot
 from eventguard.replicas.fenced import FencedResponseProvider, LeaseUnavailableError

@@ -107,7 +107,7 @@ def test_record_helper_is_idempotent_per_database(db_url: str) -> None:
     assert len(json.loads(Cli(db_url)("responses", "list", "--json").stdout)) == 2
 
 
-def test_spool_replay_reports_an_unreadable_record_as_quarantined(db_url: str, tmp_path: Path) -> None:
+def test_spool_replay_reports_an_unreadable_entry_as_quarantined(db_url: str, tmp_path: Path) -> None:
     cli = Cli(db_url)
     (tmp_path / "cli.db").touch()
     asyncio.run(spool_only(db_url))
@@ -117,6 +117,7 @@ def test_spool_replay_reports_an_unreadable_record_as_quarantined(db_url: str, t
     assert cli("db", "upgrade").exit_code == 0
     result = cli("spool", "replay", "--spool", str(spool))
     assert result.exit_code == 0, result.output
-    assert "1 unreadable record(s)" in result.stdout
-    assert "1 record(s) quarantined" in result.stdout
+    assert "1 spool entry unreadable" in result.stdout
+    assert "1 quarantined (unreadable entries" in result.stdout
+    assert "record" not in result.stdout  # a spool line is an entry (docs/design.md's vocabulary)
     assert [r["status"] for r in json.loads(cli("responses", "list", "--json").stdout)] == ["completed"]

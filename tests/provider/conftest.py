@@ -92,6 +92,13 @@ async def _open(db: Database) -> AsyncIterator[Store]:
 
 
 @pytest.fixture
+async def sqlite_provider(tmp_path: Path) -> AsyncIterator[SqlResponseProvider]:
+    """The SQL provider alone on a fresh SQLite file, started; closed after the test."""
+    async for made in _open(Database("sqlite", f"sqlite:///{tmp_path / 'provider.db'}", None)):
+        yield made.provider
+
+
+@pytest.fixture
 async def store(any_database: Database) -> AsyncIterator[Store]:
     """Each parity case runs against the host's in-memory provider and the SQL one on both databases."""
     async for made in _open(any_database):

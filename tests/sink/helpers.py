@@ -7,7 +7,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from eventguard import guard
+from eventguard.lifecycle import Lifecycle, ResponseInfo, State
 from eventguard.sink import SqlSink
+from eventguard.sink.recorder import SqlRecorder
 
 
 def created(rid: str) -> dict[str, Any]:
@@ -54,6 +56,16 @@ async def aiter_of(events: list[Any], pause: float = 0.0) -> AsyncIterator[Any]:
         else:
             await asyncio.sleep(0)
         yield ev
+
+
+async def stored_in_progress(sink: SqlSink, rid: str) -> tuple[Lifecycle, SqlRecorder]:
+    """A stream of ``rid`` whose row is stored ``in_progress``: its lifecycle and recorder."""
+    lc = Lifecycle(info=ResponseInfo(response_id=rid))
+    rec = sink.recorder(lc)
+    lc.transition(State.IN_PROGRESS)
+    rec.changed()
+    await sink.flush()
+    return lc, rec
 
 
 async def run_guarded(sink: SqlSink, events: list[Any], **kwargs: Any) -> list[Any]:

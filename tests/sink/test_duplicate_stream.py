@@ -15,21 +15,11 @@ from eventguard.sink.recorder import SqlRecorder
 from eventguard.sql.tables import anomalies, events, responses, transitions
 
 from .conftest import Target
-from .helpers import created, in_progress, run_guarded, terminal
+from .helpers import created, in_progress, run_guarded, stored_in_progress, terminal
 
 
 def make_sink(target: Target, **kw: Any) -> SqlSink:
     return SqlSink(target.url, schema=target.schema, spool_path=target.spool, **kw)
-
-
-async def stored_in_progress(sink: SqlSink, rid: str) -> tuple[Lifecycle, SqlRecorder]:
-    """A stream of ``rid`` whose row is stored ``in_progress``: its lifecycle and recorder."""
-    lc = Lifecycle(info=ResponseInfo(response_id=rid))
-    rec = sink.recorder(lc)
-    lc.transition(State.IN_PROGRESS)
-    rec.changed()
-    await sink.flush()
-    return lc, rec
 
 
 def marked(rid: str, mark: str, n: int, final: str) -> list[dict[str, Any]]:

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from eventguard import telemetry
 from eventguard.sink import SqlSink
+from tests._telemetry import reading_metrics
 
 from .conftest import Overflowing, Target
 from .helpers import run_guarded, script
@@ -34,14 +34,8 @@ SINK_METRICS = {
 
 @pytest.fixture
 def reader() -> Iterator[InMemoryMetricReader]:
-    reader = InMemoryMetricReader()
-    before = telemetry.set_reporting(
-        telemetry.Reporting(meter_provider=MeterProvider(metric_readers=[reader]))
-    )
-    try:
+    with reading_metrics() as reader:
         yield reader
-    finally:
-        telemetry.set_reporting(before)
 
 
 def _metrics(reader: InMemoryMetricReader, owner: str) -> dict[str, dict[tuple[tuple[str, Any], ...], Any]]:

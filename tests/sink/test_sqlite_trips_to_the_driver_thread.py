@@ -15,7 +15,6 @@ import contextlib
 import sqlite3
 import threading
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,27 +27,10 @@ from eventguard.sql import engine as _db
 from eventguard.sql.classify import ErrorKind, classify
 from eventguard.sql.sqlite_thread import SqliteThread
 from eventguard.sql.tables import events, responses
+from tests._sqlite_trips import trips
 
 from .conftest import Target
 from .helpers import run_guarded, script
-
-
-@contextlib.contextmanager
-def trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The name of every function aiosqlite runs in its thread, in order, while inside."""
-    seen: list[str] = []
-    real = aiosqlite.Connection._execute
-
-    async def counted(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        name = fn.func.__name__ if isinstance(fn, partial) else getattr(fn, "__name__", repr(fn))
-        seen.append(name)
-        return await real(self, fn, *args, **kwargs)
-
-    monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
-    try:
-        yield seen
-    finally:
-        monkeypatch.setattr(aiosqlite.Connection, "_execute", real)
 
 
 @contextlib.contextmanager

@@ -11,13 +11,13 @@ import pytest
 from sqlalchemy import update
 
 from eventguard.errors import InvalidQueryError
-from eventguard.lifecycle import Lifecycle, ResponseInfo, State
+from eventguard.lifecycle import State
 from eventguard.sink import SqlSink
 from eventguard.sql.tables import responses
 from eventguard.store import ResponseStore
 
 from .conftest import Target
-from .helpers import run_guarded, script
+from .helpers import run_guarded, script, stored_in_progress
 
 
 @pytest.fixture
@@ -108,11 +108,7 @@ async def test_recover_marks_stuck_rows_once(target: Target) -> None:
     store = ResponseStore(target.url, schema=target.schema)
     async with asyncio.timeout(30):
         await sink.start()
-        lc = Lifecycle(info=ResponseInfo(response_id="stuck"))
-        rec = sink.recorder(lc)
-        lc.transition(State.IN_PROGRESS)
-        rec.changed()
-        await sink.flush()
+        lc, rec = await stored_in_progress(sink, "stuck")
         async with sink.engine.begin() as conn:
             await conn.execute(update(responses).values(updated_at=datetime.now(UTC) - timedelta(hours=2)))
         assert await store.recover(older_than=timedelta(hours=1)) == ["stuck"]
@@ -174,11 +170,7 @@ async def test_recent_lists_every_status_newest_first_and_pages_by_before(
     """``responses list`` from Python (issue 14): in-progress responses too, newest first."""
     sink, store = filled
     async with asyncio.timeout(30):
-        lc = Lifecycle(info=ResponseInfo(response_id="running"))
-        rec = sink.recorder(lc)
-        lc.transition(State.IN_PROGRESS)
-        rec.changed()
-        await sink.flush()
+        _, rec = await stored_in_progress(sink, "running")
         newest = await store.recent(limit=3)
         pages: list[str] = []
         before = None

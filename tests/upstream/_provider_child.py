@@ -63,6 +63,23 @@ class Echo(Executor):
         await ctx.yield_output(text_update(" (done)", message_id=message_id))
 
 
+def say_when_closed(storage: Any) -> None:
+    """Print ``CLOSED <json>`` (whether the sink is closed, what it spooled) once the lifespan has
+    closed ``storage`` (the server's ``eventguard_storage``); the replica child says it too."""
+    close = storage.aclose
+
+    async def closing() -> None:
+        # uvicorn re-raises the SIGTERM it handled once it has shut down, so the process ends by
+        # the signal: say here, from the lifespan's end, that the storage was closed first.
+        await close()
+        sink = storage.sink
+        assert sink is not None
+        closed = {"sink_closed": sink.closed, "spooled": sink.stats.batches_spooled}
+        print("CLOSED " + json.dumps(closed), flush=True)
+
+    storage.aclose = closing
+
+
 def main(url: str, schema: str, port: int, runner: str, which: str) -> None:
     if which == "chat":
         agent, _probe = chat_agent(Counting(), name="counting-chat")
@@ -78,18 +95,7 @@ def main(url: str, schema: str, port: int, runner: str, which: str) -> None:
     )
     storage = server.eventguard_storage
     assert storage is not None and storage.sink is not None
-    close = storage.aclose
-
-    async def closing() -> None:
-        # uvicorn re-raises the SIGTERM it handled once it has shut down, so the process ends by
-        # the signal: say here, from the lifespan's end, that the storage was closed first.
-        await close()
-        sink = storage.sink
-        assert sink is not None
-        closed = {"sink_closed": sink.closed, "spooled": sink.stats.batches_spooled}
-        print("CLOSED " + json.dumps(closed), flush=True)
-
-    storage.aclose = closing  # type: ignore[method-assign]
+    say_when_closed(storage)
 
     if runner == "run":
         server.run(host="127.0.0.1", port=port)

@@ -10,7 +10,6 @@ Prints ``IDENTITY <name>`` once started and ``CLOSED <json>`` when the lifespan 
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
@@ -19,6 +18,7 @@ from azure.ai.agentserver.responses import ResponsesServerOptions
 from eventguard.foundry import GuardedResponsesHostServer
 from eventguard.replicas import ReplicaOptions
 from eventguard.testing import ScriptedChatClient, chat_agent
+from tests.upstream._provider_child import say_when_closed
 
 
 class ByInput(ScriptedChatClient):
@@ -51,16 +51,7 @@ def main(url: str, schema: str, port: int, lease: float, policy: str = "failed")
     storage = server.eventguard_storage
     assert storage is not None and storage.sink is not None and storage.replica is not None
     print("IDENTITY " + storage.replica.identity, flush=True)
-    close = storage.aclose
-
-    async def closing() -> None:
-        await close()
-        sink = storage.sink
-        assert sink is not None
-        closed = {"sink_closed": sink.closed, "spooled": sink.stats.batches_spooled}
-        print("CLOSED " + json.dumps(closed), flush=True)
-
-    storage.aclose = closing  # type: ignore[method-assign]
+    say_when_closed(storage)
     import uvicorn
 
     uvicorn.run(server, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
