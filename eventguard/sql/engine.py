@@ -79,8 +79,12 @@ def resolve_url(url: str | URL | None) -> URL:
 #: sslkey, api_key, credentials, auth..., signature, cookie, session, private...
 _SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key|cred|auth|sig|cookie|session|private")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*")
-#: Something that looks like a URL inside free text: ``scheme://`` up to the next whitespace.
-_URL_IN_TEXT = re.compile(r"(?:[A-Za-z][A-Za-z0-9+.\-]*)?://\S*")
+#: Something that looks like a URL inside free text: ``scheme://`` up to the next whitespace. The
+#: match starts only where a run of scheme characters starts, and takes the run whole (possessive):
+#: an optional scheme tried at every letter of a long run made the search quadratic (a megabyte of
+#: letters in an error line took hours). What precedes the run's first letter is not the scheme.
+_URL_IN_TEXT = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z0-9+.\-]*+://\S*")
+_SCHEME_START = re.compile(r"[A-Za-z]")
 MASK = "***"
 
 
@@ -253,11 +257,20 @@ def scrub(text: str, secrets: Iterable[str] = ()) -> str:
     for secret in sorted(set(secrets), key=len, reverse=True):
         if secret:
             text = text.replace(secret, MASK)
+    if "://" not in text:
+        return text
     return _URL_IN_TEXT.sub(_safe_match, text)
 
 
 def _safe_match(match: re.Match[str]) -> str:
-    token = match.group(0)
+    found = match.group(0)
+    colon = found.index("://")
+    letter = _SCHEME_START.search(found, 0, colon)  # a scheme starts with a letter
+    lead = colon if letter is None else letter.start()
+    return found[:lead] + _safe_token(found[lead:])
+
+
+def _safe_token(token: str) -> str:
     if "@" not in token and "?" not in token:
         return token  # no userinfo, no query: nothing secret (a plain path, a host)
     body = token.rstrip("'\"),;:.!]>}")  # the quote, bracket or colon after a URL in a message
