@@ -2,7 +2,8 @@
 owner would answer them (see docs/replicas.md for the host's routes it stands in front of).
 
 - ``POST /responses`` with ``x-agent-response-id``: the id is claimed in the database first; taken
-  (live elsewhere, or stored): the host's own 409 ``response_id_conflict``.
+  (live elsewhere, or stored): the host's own 409 ``response_id_conflict``. A claim whose POST the
+  host refuses before its handler runs (an error status) is let go again.
 - ``GET /responses/{id}`` of a *foreground* response in flight on another live replica: the owner's
   404 (the host shows a foreground response only once it has ended).
 - ``DELETE /responses/{id}`` of a response running on another live replica: the owner's 400
@@ -77,9 +78,23 @@ class ReplicaMiddleware:
         method, path = scope.get("method", ""), scope.get("path", "")
         user = headers.get(USER_ID_HEADER)
         if method == "POST" and path.endswith("/responses") and headers.get(RESPONSE_ID_HEADER):
-            if not await self.replica.claim_id(headers[RESPONSE_ID_HEADER], user):
+            response_id = headers[RESPONSE_ID_HEADER]
+            if not await self.replica.claim_id(response_id, user):
                 await _answer(send, *CONFLICT)
                 return
+            status: list[int] = []
+
+            async def watched(message: Any) -> None:
+                if message.get("type") == "http.response.start":
+                    status.append(int(message.get("status", 0)))
+                await send(message)
+
+            try:
+                await self.app(scope, receive, watched)
+            finally:
+                if not status or status[0] >= 400:
+                    await self.replica.release_unrun(response_id, user)
+            return
         elif (match := _ONE.match(path)) is not None:
             from urllib.parse import unquote
 

@@ -48,6 +48,8 @@ class Replica:
         self.tokens: dict[tuple[str, str], int] = {}
         #: Leases a terminal write of this replica ended (the handler's end need not end them).
         self.ended: set[tuple[str, str]] = set()
+        #: The responses whose handler has started here (``leased``), until ``settle``.
+        self.runs: set[tuple[str, str]] = set()
         #: What this replica reaped, and which of its writes were fenced out (diagnostics, tests).
         self.reaped: list[str] = []
         self.fenced_out: list[str] = []
@@ -105,6 +107,17 @@ class Replica:
             self.tokens[(part, key)] = token
         return token is not None
 
+    async def release_unrun(self, response_id: str, user: str | None) -> None:
+        """End the lease ``claim_id`` took for a POST the host refused before its handler ran (a
+        400 for a malformed id, say): nothing else would, and every heartbeat would renew it."""
+        where = self._where(response_id, user)
+        if where in self.runs:
+            return  # the handler runs: settle() ends the lease
+        token = self.tokens.pop(where, None)
+        if token is not None:
+            async with self._tx() as conn:
+                await lease_sql.end_fenced(conn, where[0], where[1], self.identity, token, "refused")
+
     async def claim_run(self, response_id: str, context: Any) -> None:
         """Hold the lease of a response the host starts running here (a recovered run takes over an
         expired or interrupted lease)."""
@@ -125,6 +138,7 @@ class Replica:
         """``inner``'s events once this run's lease is held. The claim is made here, inside the
         guard's iteration, so a database that cannot answer it fails the run where the guard records
         it (:class:`LeaseUnavailableError`), instead of before the guard, where nothing would."""
+        self.runs.add((_partition(context), _key(response_id)))
         try:
             await self.claim_run(response_id, context)
         except Exception as exc:
@@ -146,6 +160,7 @@ class Replica:
             await asyncio.sleep(0.05)  # the terminal write happens in the host, after the handler
         token = self.tokens.pop(where, None)
         self.ended.discard(where)
+        self.runs.discard(where)
         if token is not None:
             async with self._tx() as conn:
                 await lease_sql.end_fenced(conn, where[0], where[1], self.identity, token, "ended")

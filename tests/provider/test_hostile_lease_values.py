@@ -201,12 +201,6 @@ REFUSED_IDS: dict[str, str] = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="replicas/relay.py: ReplicaMiddleware claims x-agent-response-id before the host validates "
-    "it; when the host then refuses the POST (400, or its own 500) the handler never runs, so nothing "
-    "settles the lease: it stays 'running' under this replica, renewed by every heartbeat, forever",
-)
 async def test_a_post_the_host_refuses_leaves_no_running_lease(sql_database: Database) -> None:
     agent, _probe = chat_agent(ScriptedChatClient(("done",)))
     server = GuardedResponsesHostServer(
