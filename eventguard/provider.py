@@ -160,6 +160,21 @@ def _id_of(value: object, what: str) -> str:
     return value
 
 
+def _int_of(value: object, what: str) -> int:
+    """An int argument, checked before any transaction: inside one, a wrong type would read as a
+    database that cannot be used (``ProviderStorageError``), which the host takes for a broken store."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise UnstorableError(f"{what} must be an int, not {type(value).__name__}")
+    return value
+
+
+def _many(values: object, what: str) -> Iterable[object]:
+    """An iterable of values, but not a string (each of its characters would be taken for an id)."""
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise UnstorableError(f"{what} must be an iterable of values, not {type(values).__name__}")
+    return values
+
+
 def _item_id(item: object) -> str | None:
     """An item's id as the host's in-memory store reads it (``None``: the item has none)."""
     value = item.get("id") if isinstance(item, Mapping) else getattr(item, "id", None)
@@ -227,10 +242,12 @@ class _Prepared:
         status = response.get("status")
         self.status = status[:32] if isinstance(status, str) and storable.storable(status) else None
         self.conversation = _conversation_id(response)
-        self.inputs = self._items(input_items or (), "input")
+        self.inputs = self._items(_many(input_items or (), "input_items"), "input")
         output = response.get("output")
         self.outputs = self._items(output if isinstance(output, list) else (), "output")
-        self.history = [_id_of(i, "a history item id") for i in (history_item_ids or ())]
+        self.history = [
+            _id_of(i, "a history item id") for i in _many(history_item_ids or (), "history_item_ids")
+        ]
 
     def _items(self, items: Iterable[object], role: str) -> list[tuple[str, str]]:
         out = []
@@ -693,6 +710,7 @@ class SqlResponseProvider:
         missing, ``ValueError`` when it was deleted.
         """
         part = _partition(context)
+        page = max(MIN_PAGE, min(MAX_PAGE, _int_of(limit, "limit")))
         r = provider_responses
         async with self._tx("read") as conn:
             row = (
@@ -712,7 +730,7 @@ class SqlResponseProvider:
                     ordered = ordered[ordered.index(after) + 1 :]
                 if before is not None and before in ordered:
                     ordered = ordered[: ordered.index(before)]
-                ids = ordered[: max(MIN_PAGE, min(MAX_PAGE, int(limit)))]
+                ids = ordered[:page]
                 bodies = await self._item_bodies(conn, part, ids)
         if row is None:
             raise KeyError(f"response '{response_id}' not found")
@@ -724,7 +742,7 @@ class SqlResponseProvider:
         """The items of ``item_ids`` (in ``context``'s partition), in the order asked (``None`` for an
         id with no stored item)."""
         part = _partition(context)
-        ids = [_id_of(i, "an item id") for i in item_ids]
+        ids = [_id_of(i, "an item id") for i in _many(item_ids, "item_ids")]
         if not ids:
             return []
         async with self._tx("read") as conn:
@@ -747,6 +765,7 @@ class SqlResponseProvider:
         response contributes nothing.
         """
         part = _partition(context)
+        _int_of(limit, "limit")
         r = provider_responses
         members: list[tuple[int, str | None]] = []
         if conversation_id is None:

@@ -253,13 +253,6 @@ async def test_wrong_shapes_are_refused_with_unstorable_error_and_store_nothing(
     assert tally.outcomes["refused:UnstorableError"] == len(SHAPES), line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="provider.py: get_input_items' int(limit) runs inside the transaction, so a limit that is not "
-    "a number is a ProviderStorageError ('could not use the database': to the host, a corrupt store) "
-    "and get_history_item_ids compares it bare (TypeError); input_items=5 and get_items(5) are bare "
-    "TypeErrors; get_items('abc') looks up three ids",
-)
 async def test_arguments_of_the_wrong_type_are_refused_as_bad_arguments_not_as_a_broken_database(
     sql_store: Store,
 ) -> None:
