@@ -64,7 +64,7 @@ class StuckCancel(Enum):
 class Watchdog:
     """The stuck-stream watchdog of one guard, and the books of the one cancel it may send."""
 
-    __slots__ = ("cancel", "first_task", "stopped", "stuck_task", "task")
+    __slots__ = ("cancel", "first_task", "stuck_task", "task")
 
     def __init__(self) -> None:
         #: The watchdog's own task, once started.
@@ -75,8 +75,6 @@ class Watchdog:
         self.cancel = StuckCancel.NOT_SENT
         #: The task the stuck-stream cancel was sent to, while that is handled (None unless SENT).
         self.stuck_task: asyncio.Task[Any] | None = None
-        #: The guard finished (``stop()``): the watchdog's turn, should it still come, does nothing.
-        self.stopped = False
 
     def start(
         self,
@@ -96,8 +94,11 @@ class Watchdog:
         keep(task)
 
     def stop(self) -> None:
-        """The guard is ending: stop watching (unless this is the watchdog's own call)."""
-        self.stopped = True
+        """The guard is ending: stop watching (unless this is the watchdog's own call).
+
+        The cancel is all it takes: the watchdog's task only ever resumes from an await, where a
+        cancel sent before it resumed is raised, so it never runs a step after this (no flag to check).
+        """
         task = self.task
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -113,11 +114,11 @@ class Watchdog:
         await host.wait_for_cause(ref)
         await asyncio.sleep(grace)
         gen = ref()
-        if gen is None or self.stopped or not self.on_grace(gen, referee, grace):
+        if gen is None or not self.on_grace(gen, referee, grace):
             return
         del gen
         await asyncio.sleep(grace)
-        if ref() is not None and not self.stopped:
+        if ref() is not None:
             self.on_second_grace(referee)
 
     @property
