@@ -6,6 +6,7 @@ CLI's arguments draw from :data:`STRINGS`; each suite adds only what is peculiar
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -72,3 +73,13 @@ class Tally:
             f"{area}: {self.went_in} in, {self.came_back_exact} exact, {sum(refused.values())} refused "
             f"{refused}, {others}, {self.outcomes['wrong']} wrong"
         )
+
+
+def record(tally: Tally, area: str) -> str:
+    """The tally's line, appended to ``EVENTGUARD_HOSTILE_REPORT`` when that names a file."""
+    line = tally.line(area)
+    path = os.environ.get("EVENTGUARD_HOSTILE_REPORT")
+    if path:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+    return line

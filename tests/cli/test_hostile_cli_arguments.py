@@ -32,7 +32,7 @@ from eventguard.provider import _key, _partition
 from eventguard.replicas import leases as lease_sql
 from eventguard.sink import SqlSink
 from eventguard.store import stored_id
-from tests._hostile import LOOKALIKES, STRINGS, Tally
+from tests._hostile import LOOKALIKES, STRINGS, Tally, record
 from tests._postgres import PG_URL, fresh_schema
 
 from .conftest import STEP, script
@@ -56,15 +56,6 @@ def invoke(args: list[str]) -> Result:
 def terminal_safe(text: str) -> bool:
     """Nothing a terminal would act on: printable characters and newlines only."""
     return all(line.isprintable() for line in text.split("\n"))
-
-
-def record(tally: Tally, area: str) -> str:
-    line = tally.line(area)
-    path = os.environ.get("EVENTGUARD_HOSTILE_REPORT")
-    if path:
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-    return line
 
 
 # -- the database the commands read ---------------------------------------------------------------

@@ -11,7 +11,6 @@ response; or a typed error. ``EVENTGUARD_HOSTILE_REPORT`` (a file) collects the 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -28,21 +27,12 @@ from eventguard.replicas import leases as lease_sql
 from eventguard.replicas.fenced import FencedResponseProvider
 from eventguard.replicas.replica import Replica, reap
 from eventguard.testing import ScriptedChatClient, chat_agent
-from tests._hostile import LOOKALIKES, STRINGS, Tally
+from tests._hostile import LOOKALIKES, STRINGS, Tally, record
 
 from .conftest import Database
 
 T = 120.0
 VALUES: dict[str, str] = {**STRINGS, **LOOKALIKES}
-
-
-def record(tally: Tally, area: str) -> str:
-    line = tally.line(area)
-    path = os.environ.get("EVENTGUARD_HOSTILE_REPORT")
-    if path:
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-    return line
 
 
 @asynccontextmanager

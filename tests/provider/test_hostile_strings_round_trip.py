@@ -23,7 +23,6 @@ import asyncio
 import functools
 import json
 import math
-import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -37,7 +36,7 @@ from eventguard.errors import InvalidQueryError, UnstorableError
 from eventguard.foundry import GuardedResponsesHostServer
 from eventguard.provider import ProviderStorageError, SqlResponseProvider
 from eventguard.testing import ScriptedChatClient, chat_agent
-from tests._hostile import LOOKALIKES, STRINGS, Tally
+from tests._hostile import LOOKALIKES, STRINGS, Tally, record
 
 from .conftest import Database, Store
 from .test_parity_with_the_hosts_store import envelope, item, out
@@ -57,16 +56,6 @@ SLOTS = (
     "input_text",
     "status",
 )
-
-
-def record(tally: Tally, area: str) -> str:
-    """The tally's line, appended to ``EVENTGUARD_HOSTILE_REPORT`` when that names a file."""
-    line = tally.line(area)
-    path = os.environ.get("EVENTGUARD_HOSTILE_REPORT")
-    if path:
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-    return line
 
 
 # -- the store's own methods ---------------------------------------------------------------------

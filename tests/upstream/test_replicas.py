@@ -205,6 +205,21 @@ async def test_a_cancel_on_another_replica_reaches_the_owner_as_a_client_cancel_
         assert row["cause"] == "client_cancel"  # the guard saw the host's client cancel
 
 
+async def killed_mid_run(conn: Any, owner: Any) -> str:
+    """A background response started on ``owner``, which is SIGKILLed once it has run a moment."""
+    rid = new_id()
+    assert (await post(owner.base_url, "hang", rid)).status_code == 200
+    await started_on(conn, rid)
+    await asyncio.sleep(0.5)  # let the sink flush the first events
+    owner.process.send_signal(signal.SIGKILL)
+    return rid
+
+
+def identities(*servers: Any) -> set[str]:
+    """The replica identities the servers printed at start."""
+    return {server.printed("IDENTITY ")[0][9:] for server in servers}
+
+
 @pytest.mark.postgres
 async def test_a_killed_replicas_response_is_ended_once_by_one_survivor_after_its_lease(
     db: tuple[Database, Any], tmp_path: Path
@@ -212,11 +227,7 @@ async def test_a_killed_replicas_response_is_ended_once_by_one_survivor_after_it
     database, conn = db
     async with AsyncExitStack() as stack:
         a, b, c = await replicas(stack, database, tmp_path, 3)
-        rid = new_id()
-        assert (await post(a.base_url, "hang", rid)).status_code == 200
-        await started_on(conn, rid)
-        await asyncio.sleep(0.5)  # let the sink flush the first events
-        a.process.send_signal(signal.SIGKILL)
+        rid = await killed_mid_run(conn, a)
         ended = "SELECT 1 FROM eventguard_leases WHERE response_id = $1 AND state = 'ended'"
         await poll(lambda: conn.fetchval(ended, f'"{rid}"'), "the reaper")
         # (Polled in the database first: 2.2.0b1's host answers 404 for an in-flight background
@@ -226,7 +237,7 @@ async def test_a_killed_replicas_response_is_ended_once_by_one_survivor_after_it
             assert (await cc.responses.retrieve(rid)).status == "failed"
         lease = await conn.fetchrow("SELECT * FROM eventguard_leases WHERE response_id = $1", f'"{rid}"')
         assert lease["state"] == "ended" and lease["fencing_token"] == 2
-        assert lease["ended_by"] in {b.printed("IDENTITY ")[0][9:], c.printed("IDENTITY ")[0][9:]}
+        assert lease["ended_by"] in identities(b, c)
         sql = (
             "SELECT to_state, cause FROM eventguard_transitions"
             " WHERE response_id = $1 AND cause = 'owner_lost'"
@@ -243,18 +254,14 @@ async def test_with_the_interrupted_policy_a_killed_replicas_run_is_interrupted_
     database, conn = db
     async with AsyncExitStack() as stack:
         a, b, c = await replicas(stack, database, tmp_path, 3, policy="interrupted")
-        rid = new_id()
-        assert (await post(a.base_url, "hang", rid)).status_code == 200
-        await started_on(conn, rid)
-        await asyncio.sleep(0.5)  # let the sink flush the first events
-        a.process.send_signal(signal.SIGKILL)
+        rid = await killed_mid_run(conn, a)
         taken = "SELECT 1 FROM eventguard_leases WHERE response_id = $1 AND state = 'interrupted'"
         await poll(lambda: conn.fetchval(taken, f'"{rid}"'), "the reaper")
         await asyncio.sleep(3 * float(LEASE))  # several more reaper passes of both survivors
         lease = await conn.fetchrow("SELECT * FROM eventguard_leases WHERE response_id = $1", f'"{rid}"')
         ended = (lease["state"], lease["ended_status"], lease["fencing_token"])
         assert ended == ("interrupted", "interrupted", 2)
-        assert lease["ended_by"] in {b.printed("IDENTITY ")[0][9:], c.printed("IDENTITY ")[0][9:]}
+        assert lease["ended_by"] in identities(b, c)
         sql = "SELECT to_state FROM eventguard_transitions WHERE response_id = $1 AND cause = 'owner_lost'"
         assert [e["to_state"] for e in await conn.fetch(sql, rid)] == ["interrupted"]  # exactly once
         sink_row = "SELECT status, cause FROM eventguard_responses WHERE response_id = $1"
