@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic_core import to_jsonable_python
 
 from eventguard.lifecycle import ErrorInfo, State, Usage
 
@@ -152,6 +153,27 @@ _KNOWN_FIELDS: tuple[str, ...] = (
     "message",
 )
 _MAX_DEPTH = 32
+
+
+def json_of_model(model: BaseModel, *, exclude_none: bool = False) -> tuple[Any, str | None]:
+    """``model`` as JSON values (``model_dump(mode="json")``), and why not exactly when it could not be.
+
+    pydantic writes ``bytes`` as UTF-8 text and refuses what is not UTF-8 (``b"\\x80"``), and refuses
+    an object of a type it does not know: an event that carries one must not stop the stream or the
+    write (the guard and the sink both dump events). Then every ``bytes`` value is written as base64
+    and every unknown object as its ``repr``, and the reason says so (an anomaly for the caller).
+    """
+    try:
+        return model.model_dump(mode="json", exclude_none=exclude_none), None
+    except ValueError as exc:  # UnicodeDecodeError and PydanticSerializationError are ValueErrors
+        # The model's own serialiser keeps its bytes mode: its Python dump, then plain data's.
+        plain = model.model_dump(exclude_none=exclude_none)
+        dumped = to_jsonable_python(plain, bytes_mode="base64", fallback=repr)
+        why = (
+            f"{type(model).__name__} holds values JSON cannot take ({type(exc).__name__}): "
+            "its bytes stored as base64, other objects as their repr"
+        )
+        return dumped, why
 
 
 def as_plain_dict(event: object) -> dict[str, Any] | None:

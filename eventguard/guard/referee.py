@@ -35,7 +35,9 @@ from eventguard.events import (
     ResponseCompleted,
     ResponseFailed,
     ResponseIncomplete,
+    ResponseSnapshot,
     event_type_of,
+    json_of_model,
     parse_lifecycle_event,
     read_terminal,
 )
@@ -241,6 +243,13 @@ class Referee:
             out = self.end_with(decide(Ending.STUCK, self.flags(), self.options))
         return out
 
+    def _json_of(self, snapshot: ResponseSnapshot, etype: str, event: Any) -> dict[str, Any]:
+        """The response snapshot as JSON values, for the terminal the guard may write in its place."""
+        dumped, why = json_of_model(snapshot, exclude_none=True)
+        if why is not None:
+            self.anomaly(AnomalyKind.NOT_SERIALISABLE, f"{etype}: {why}", etype, event)
+        return dict(dumped)
+
     def _on_lifecycle_event(self, event: Any, etype: str, kind: Kind) -> None:
         lc = self.lifecycle
         try:
@@ -251,7 +260,7 @@ class Referee:
         snapshot = parsed.response
         if lc.info.response_id is None and snapshot.id:
             lc.info.response_id = snapshot.id
-        self._snapshot = snapshot.model_dump(mode="json", exclude_none=True)
+        self._snapshot = self._json_of(snapshot, etype, event)
         if kind is Kind.CREATED:
             target = State.QUEUED if snapshot.status == "queued" else State.IN_PROGRESS
         elif kind is Kind.QUEUED:
@@ -305,8 +314,7 @@ class Referee:
             if claim.error is not None:
                 lc.error = claim.error
             ending = Ending(claim.state.value)
-            snap = parsed.response.model_dump(mode="json", exclude_none=True)
-            self._snapshot = snap
+            self._snapshot = self._json_of(parsed.response, etype, event)
         decision = decide(ending, flags, self.options)
         if unreadable:
             # Forwarded as it is, so recorded as it claims: never as a failure, but not verified.

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
+from eventguard.events import json_of_model
 from eventguard.lifecycle import AnomalyKind
 from eventguard.sql.engine import PreSerialised
 from eventguard.sql.storable import JsonNotes, clean_json, nulls_hide_non_finite
@@ -54,7 +55,7 @@ def _jsonable(event: object) -> tuple[object, str | None]:
     if isinstance(event, Mapping):
         return dict(event), None
     if isinstance(event, BaseModel):
-        return event.model_dump(mode="json"), None
+        return json_of_model(event)
     return _stand_in(event, "not a mapping"), f"{type(event).__qualname__} is not a mapping: stored its repr"
 
 
@@ -74,7 +75,10 @@ def encode(
     def default(value: object) -> object:
         # What orjson cannot take itself, made storable here too (a str() may hold a NUL).
         if isinstance(value, BaseModel):
-            return clean_json(value.model_dump(mode="json"), notes, "$(model)")
+            dumped, why = json_of_model(value)
+            if why is not None:
+                fallbacks.append(type(value).__qualname__)
+            return clean_json(dumped, notes, "$(model)")
         fallbacks.append(type(value).__qualname__)
         return clean_json(str(value), notes, "$(str)")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
 import pytest
 
 from eventguard import State, guard
@@ -110,3 +111,26 @@ async def test_a_lifecycle_event_after_the_recorded_ending_is_not_forwarded_nor_
     assert [a.kind for a in g.lifecycle.anomalies] == ["abandoned", "event_after_terminal"]
     assert g.lifecycle.anomalies[1].event_type == "response.queued"
     assert [t.to_state for t in g.lifecycle.transitions] == [State.IN_PROGRESS, State.FAILED]
+
+
+async def test_bytes_that_are_not_utf8_in_a_snapshot_neither_stop_the_stream_nor_the_written_terminal() -> (
+    None
+):
+    """Origin: a fuzzed stream (tests/reliability/test_hostile.py) whose ``response.created`` held
+    ``b"\\x80"`` killed the guard's iteration with ``UnicodeDecodeError`` (pydantic's JSON dump)."""
+    events = stream_events(1, final=None)
+    events[1] = {
+        "type": "response.in_progress",
+        "response": {"id": "resp_1", "status": "in_progress", "raw": b"\x80"},
+    }
+    g = guard(Scripted(events), asyncio.Event())
+    async with asyncio.timeout(5):
+        out = await drain(g)
+    assert out[: len(events)] == events
+    # The stream ended without a terminal: the one the guard writes carries the snapshot, as JSON.
+    written = out[-1]
+    assert written["type"] == "response.failed"
+    assert written["response"]["raw"] == "gA=="  # b"\x80" as base64
+    orjson.dumps(written)
+    assert "not_serialisable" in [a.kind for a in g.lifecycle.anomalies]
+    assert g.lifecycle.state is State.FAILED

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from eventguard import SqlSink, guard
@@ -139,6 +139,8 @@ TERMINAL_TYPES = {"response.completed", "response.failed", "response.incomplete"
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
 )
 @given(items=st.lists(events, max_size=12), strict=st.booleans())
+# Found by CI: bytes that are not UTF-8 in a snapshot killed the guard (pydantic's JSON dump).
+@example(items=[{"type": "response.created", "response": {"": b"\x80"}}], strict=False)
 def test_fuzzed_events_never_break_the_guard_or_the_sink(items: list[Any], strict: bool) -> None:
     asyncio.run(fuzz_once(items, strict))
 

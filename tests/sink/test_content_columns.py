@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 import pytest
+from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select, text
 
 from eventguard import guard
@@ -392,6 +393,43 @@ async def test_non_finite_numbers_in_a_payload_are_stored_as_strings_with_an_ano
     assert len(reasons) == 1
     assert f"$.logprob: {text}" in reasons[0] and f"$.top[1]: {text}" in reasons[0]
     assert not [a for a in sink_anomalies(hist) if a.event_index == 2]
+    assert sink.stats.batches_spooled == 0
+
+
+class _Chunk(BaseModel):
+    """An event object (the openai SDK's are pydantic models) that carries raw bytes."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    data: bytes
+
+
+async def test_an_event_model_holding_bytes_that_are_not_utf8_is_stored_with_an_anomaly(
+    target: Target, store: ResponseStore
+) -> None:
+    """Origin: pydantic's JSON dump raises ``UnicodeDecodeError`` on ``b"\\x80"``; the sink's
+    serialiser let it out, so the event could not be stored (tests/reliability/test_hostile.py)."""
+    rid = "resp_bytes"
+    events = [
+        {"type": "response.created", "response": snapshot(rid, "in_progress")},
+        _Chunk(type="response.output_text.delta", data=b"\x80ok", delta="x"),
+        _Chunk(type="response.output_text.delta", data=b"fine"),  # UTF-8 bytes: as pydantic writes them
+        {"type": "response.completed", "response": snapshot(rid, "completed")},
+    ]
+    async with asyncio.timeout(STEP):
+        sink = make_sink(target)
+        await sink.migrate()
+        sent = await drive(sink, _iter(events))
+        await sink.aclose()
+        hist = await store.history(rid)
+    assert hist is not None and hist.response.status == sent.status == "completed"
+    by_seq = {e.seq: e.payload for e in hist.attempts[0].events}
+    assert sorted(by_seq) == [0, 1, 2, 3]
+    assert by_seq[1] == {"type": "response.output_text.delta", "data": "gG9r", "delta": "x"}
+    assert by_seq[2] == {"type": "response.output_text.delta", "data": "fine"}
+    reasons = [a.reason for a in sink_anomalies(hist) if a.kind == "not_serialisable"]
+    assert [a.event_index for a in sink_anomalies(hist) if a.kind == "not_serialisable"] == [1]
+    assert "base64" in reasons[0]
     assert sink.stats.batches_spooled == 0
 
 
