@@ -43,6 +43,8 @@ class Lease:
     state: str
     expired: bool
     cancel_headers: dict[str, str] | None
+    #: The run's mode from its handler's context; None until the handler runs (migration 0006).
+    background: bool | None = None
 
 
 async def claim(
@@ -54,6 +56,7 @@ async def claim(
     owner: str,
     lease: float,
     takeover: bool,
+    background: bool | None = None,
 ) -> int | None:
     """Take the lease of a response id; its fencing token, or None when another holds it.
 
@@ -62,7 +65,8 @@ async def claim(
     kept (same token) and an expired or interrupted one is taken (token + 1). Anything else (a
     second POST of the id, on any replica; a live owner; a stored response) is refused. Without
     ``takeover`` a live envelope in the response store with no lease (stored before leases
-    existed) refuses the id as well.
+    existed) refuses the id as well. ``background``: the run's mode, when its handler's context is
+    known (a claim for a POST is made before it is).
     """
     now = _now(conn)
     values = {
@@ -73,6 +77,7 @@ async def claim(
         "fencing_token": 1,
         "state": "running",
         "lease_expires": now + lease,
+        "background": background,
     }
     ins = _insert(conn)
     ours = and_(L.state == "running", L.owner == ins.excluded.owner)
@@ -95,6 +100,7 @@ async def claim(
             "ended_status": None,
             "ended_by": None,
             "ended_at": None,
+            "background": ins.excluded.background,
         },
         where=allowed,
     )
@@ -114,12 +120,21 @@ def _case_keep(ours: ColumnElement[bool], token: ColumnElement[int]) -> ColumnEl
     return case((ours, token), else_=token + 1)
 
 
+async def note_background(
+    conn: AsyncConnection, partition: str, key: str, owner: str, token: int, background: bool | None
+) -> None:
+    """Write the run's mode on a lease ``owner`` holds with ``token`` (claimed before its handler ran)."""
+    await conn.execute(
+        update(leases)
+        .where(L.partition == partition, L.response_key == key, L.owner == owner, L.fencing_token == token)
+        .values(background=background)
+    )
+
+
 async def heartbeat(conn: AsyncConnection, owner: str, lease: float) -> int:
     """Renew every running lease of ``owner`` (one statement); how many it renewed."""
     result = await conn.execute(
-        update(leases)
-        .where(L.owner == owner, L.state == "running")
-        .values(lease_expires=_now(conn) + lease)
+        update(leases).where(L.owner == owner, L.state == "running").values(lease_expires=_now(conn) + lease)
     )
     return int(result.rowcount)
 
@@ -184,6 +199,7 @@ async def lease_of(conn: AsyncConnection, partition: str, key: str) -> Lease | N
                 L.state,
                 (L.lease_expires < now).label("expired"),
                 L.cancel_headers,
+                L.background,
             ).where(L.partition == partition, L.response_key == key)
         )
     ).first()
@@ -201,6 +217,7 @@ def _lease(row: object) -> Lease:
         state=row.state,  # type: ignore[attr-defined]
         expired=bool(getattr(row, "expired", False)),
         cancel_headers=None if headers is None else json.loads(headers),
+        background=getattr(row, "background", None),
     )
 
 
@@ -232,7 +249,12 @@ async def take_cancels(conn: AsyncConnection, owner: str) -> list[Lease]:
             )
             .values(cancel_delivered=_now(conn))
             .returning(
-                L.partition, L.response_key, L.response_id, L.owner, L.fencing_token, L.state,
+                L.partition,
+                L.response_key,
+                L.response_id,
+                L.owner,
+                L.fencing_token,
+                L.state,
                 L.cancel_headers,
             )
         )

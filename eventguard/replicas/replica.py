@@ -122,12 +122,16 @@ class Replica:
         """Hold the lease of a response the host starts running here (a recovered run takes over an
         expired or interrupted lease)."""
         part, key = _partition(context), _key(response_id)
-        if (part, key) in self.tokens:
+        background = _background(context)
+        held = self.tokens.get((part, key))
+        if held is not None:  # claimed for its POST, before the host made the context
+            async with self._tx() as conn:
+                await lease_sql.note_background(conn, part, key, self.identity, held, background)
             return
         async with self._tx() as conn:
             token = await lease_sql.claim(
                 conn, partition=part, key=key, response_id=response_id, owner=self.identity,
-                lease=self.options.lease, takeover=True,
+                lease=self.options.lease, takeover=True, background=background,
             )  # fmt: skip
         if token is None:
             log.warning("response %r is leased by another live replica: writes here unfenced", response_id)
@@ -165,18 +169,27 @@ class Replica:
             async with self._tx() as conn:
                 await lease_sql.end_fenced(conn, where[0], where[1], self.identity, token, "ended")
 
-    async def running_elsewhere(self, response_id: str, user: str | None) -> bool:
+    async def _lease_elsewhere(self, response_id: str, user: str | None) -> lease_sql.Lease | None:
+        """The live lease another replica holds on the response, if one does."""
         part, key = self._where(response_id, user)
         async with self._tx() as conn:
             lease = await lease_sql.lease_of(conn, part, key)
-        if lease is None or lease.state != "running" or lease.expired:
-            return False
-        return lease.owner != self.identity
+        if lease is None or lease.state != "running" or lease.expired or lease.owner == self.identity:
+            return None
+        return lease
+
+    async def running_elsewhere(self, response_id: str, user: str | None) -> bool:
+        return await self._lease_elsewhere(response_id, user) is not None
 
     async def foreground_elsewhere(self, response_id: str, user: str | None) -> bool:
         """A foreground response still running on another live replica (its owner answers 404)."""
-        if not await self.running_elsewhere(response_id, user):
+        lease = await self._lease_elsewhere(response_id, user)
+        if lease is None:
             return False
+        if lease.background is not None:
+            # Written by the owner before the run's first event, so before any envelope exists:
+            # the sink's row below can be a flush interval later than the envelope.
+            return not lease.background
         try:
             stored = await self.provider.get_response(response_id, context=SimpleNamespace(user_id_key=user))
         except KeyError:
@@ -418,3 +431,9 @@ async def record_anomaly(conn: AsyncConnection, response_id: str, kind: str, rea
         )
     )  # fmt: skip
     return True
+
+
+def _background(context: Any) -> bool | None:
+    """The run's mode as the host's context gives it (``mode_flags.background``); None when unknown."""
+    value = getattr(getattr(context, "mode_flags", None), "background", None)
+    return value if isinstance(value, bool) else None

@@ -345,6 +345,8 @@ leases = Table(
     Column("ended_status", String(16)),
     Column("ended_by", String(255)),
     Column("ended_at", Float),
+    # Migration 0006: the run's mode, from its handler's context (NULL until the handler runs).
+    Column("background", Boolean),
     PrimaryKeyConstraint("partition", "response_key", name="pk_eventguard_leases"),
     Index("ix_eventguard_leases_owner_state", "owner", "state"),
     Index("ix_eventguard_leases_state_expires", "state", "lease_expires"),
