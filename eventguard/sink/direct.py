@@ -7,13 +7,17 @@ chunk of rows (a statement asyncpg prepared once per connection and keeps), the 
 binary COPY into the session's staging table and one keyed insert from it (a cycle of fewer
 than :data:`COPY_FROM` events: one ``unnest`` insert instead, one round trip less), the
 transitions and anomalies by ``unnest``, ``COMMIT``: four to six round trips, where the general
-path through SQLAlchemy with a ping per checkout took nine. The statements and their parameters are
+path through SQLAlchemy with a ping per checkout took nine. A cycle of fewer than
+:data:`COPY_FROM` events (a short response's start or end: the common case at low concurrency) is
+one round trip: the upsert and the three inserts as parts of one statement, in its own implicit
+transaction (:func:`_one_statement`). The statements and their parameters are
 :mod:`eventguard.sink.apply`'s own; only SQLAlchemy's per-statement machinery (its greenlet, its
 cursor, its transaction bookkeeping) is left out, and so is the ping per checkout the engine
 no longer does.
 
-Anything else (an upsert that wrote fewer rows than it was given, a response with two batches
-in one cycle, no staging table: ``pooler_safe``) rolls back and returns None, and the caller
+Anything else (an upsert that wrote fewer rows than it was given: the one statement then fails
+as a whole; a response with two batches in one cycle; no staging table: ``pooler_safe``) rolls
+back and returns None, and the caller
 writes the same batches through :func:`eventguard.sink.apply.write`, which judges each row.
 Every statement is idempotent, so a write rolled back and done again changes nothing twice.
 Errors are SQLAlchemy's (``DBAPIError``), as on the general path, so an outage still reads as
@@ -23,16 +27,21 @@ one; a connection found dead is dropped from the pool by the caller.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from eventguard.sink import apply
 from eventguard.sink.apply import (
+    _ROW_COLUMNS,
     EVENTS_PER_STATEMENT,
     ROWS_PER_STATEMENT,
     Written,
+    _columns,
     _dict_rows,
     _driver_call,
     _event_rows,
@@ -65,6 +74,8 @@ async def write_direct(conn: AsyncConnection, batches: Sequence[Batch]) -> Writt
     if driver is None:
         return None
     dialect = conn.dialect
+    if _fits_one_statement(batches):
+        return await _write_in_one_statement(conn, driver, batches)
     tx = driver.transaction()
     await _driver_call(conn, "BEGIN", tx.start())
     try:
@@ -93,6 +104,79 @@ async def write_direct(conn: AsyncConnection, batches: Sequence[Batch]) -> Writt
                 await tx.rollback()
         raise
     return Written(events=sum(len(b.events) for b in batches))
+
+
+def _fits_one_statement(batches: Sequence[Batch]) -> bool:
+    """A short cycle (a short response's start or end, or a few of them): few enough rows for
+    :func:`_one_statement`'s one statement."""
+    if len(batches) > ROWS_PER_STATEMENT or sum(len(b.events) for b in batches) >= COPY_FROM:
+        return False
+    return (
+        sum(len(b.transitions) for b in batches) <= EVENTS_PER_STATEMENT
+        and sum(len(b.anomalies) for b in batches) <= EVENTS_PER_STATEMENT
+    )
+
+
+async def _write_in_one_statement(
+    conn: AsyncConnection, driver: Any, batches: Sequence[Batch]
+) -> Written | None:
+    """Rows, events, transitions and anomalies in :func:`_one_statement`: one round trip, in the
+    statement's own (implicit) transaction, where BEGIN, a statement per table and COMMIT took
+    four to six. Short responses are round trips: at concurrency 1 a 28-event response is one
+    to three cycles, each of them this one statement now (issue 13)."""
+    dialect = conn.dialect
+    params = [
+        *pg_row_arrays(dialect, batches),
+        *_arrays(_event_rows(dialect, batches), len(_columns(events))),
+        *_arrays(_dict_rows(dialect, transitions, _all(batches, True)), len(_columns(transitions))),
+        *_arrays(_dict_rows(dialect, anomalies, _all(batches, False)), len(_columns(anomalies))),
+        len(batches),
+    ]
+    sql = _one_statement()
+    try:
+        await _driver_call(conn, sql, driver.execute(sql, *params))
+    except DBAPIError as exc:
+        if _JUDGE in str(exc.orig):
+            return None  # the statement failed as a whole: nothing was written
+        raise
+    return Written(events=sum(len(b.events) for b in batches))
+
+
+#: What :func:`_one_statement` fails with when an upsert left a row alone (a terminal in the way,
+#: another stream's attempt): the statement's own transaction is then rolled back as a whole,
+#: and the batches take the general path, which reads the rows back and judges each.
+_JUDGE = "eventguard: a row to judge"
+
+
+@lru_cache(maxsize=1)
+def _one_statement() -> str:
+    """The upsert and the three keyed inserts as data-modifying ``WITH`` parts of one statement.
+
+    Every part runs once, on one snapshot; the foreign keys are checked at the end of the
+    statement, when the rows the upsert inserted are there. The final ``SELECT`` counts the rows
+    the upsert wrote: fewer than it was given (the last parameter) casts :data:`_JUDGE` to an
+    integer, which fails the statement (a ``CASE`` over an aggregate: evaluated when it runs,
+    never folded by the planner), so nothing of it is kept.
+    """
+    n = len(_ROW_COLUMNS)
+    parts = [f"up AS ({_pg_upsert()} RETURNING 1)"]
+    for alias, table in (("ev", events), ("tr", transitions), ("an", anomalies)):
+        parts.append(f"{alias} AS ({_shifted(_pg_insert(table.name), n)})")
+        n += len(_columns(table))
+    check = f"CAST(CASE WHEN count(*) = ${n + 1} THEN '0' ELSE '{_JUDGE}' END AS integer)"
+    return f"WITH {', '.join(parts)} SELECT {check} FROM up"
+
+
+def _shifted(sql: str, by: int) -> str:
+    """``sql`` with its parameters ``$1``, ``$2``... numbered ``by`` higher."""
+    return re.sub(r"\$(\d+)", lambda m: f"${int(m[1]) + by}", sql)
+
+
+def _arrays(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    """``rows`` as one list per column (``unnest``'s arrays), ``width`` of them when there are none."""
+    if not rows:
+        return [[] for _ in range(width)]
+    return [list(column) for column in zip(*rows, strict=True)]
 
 
 def _all(batches: Sequence[Batch], of_transitions: bool) -> list[dict[str, Any]]:
