@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import tempfile
 import uuid
 from pathlib import Path
@@ -64,9 +65,49 @@ async def paced(events: list[dict[str, Any]], rid: str, duration: float) -> Any:
         yield {**ev, "response": {**resp, "id": rid}} if resp else ev
 
 
+async def _backend_cpu(owner: str) -> float:
+    """CPU seconds (user + system) of the PostgreSQL backends serving the sink's connections, read
+    from /proc (the server runs on this machine): a time, but CPU time, which load changes little."""
+    import asyncpg
+
+    conn = await asyncpg.connect(PG_DSN)
+    try:
+        pids = [
+            r[0]
+            for r in await conn.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = $1", f"eventguard {owner}"
+            )
+        ]
+    finally:
+        await conn.close()
+    return _proc_cpu(pids)
+
+
+def _proc_cpu(pids: list[int]) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+async def _without_sink(args: argparse.Namespace) -> None:
+    """The same responses through guard() alone: the baseline the sink's cost is read against."""
+    events = stream_events(n_deltas=25)
+    async with asyncio.timeout(600 * args.scale):
+        async for _ in guard(paced(events, "resp_warm", 0.0), asyncio.Event()):
+            pass
+        for i in range(args.n):
+            async with guard(paced(events, f"resp_{i}", args.duration * args.scale), asyncio.Event()) as g:
+                async for _ in g:
+                    pass
+    print(f"none: {args.n} responses x {len(events)} events, {args.duration * 1000:.0f} ms each, no sink")
+
+
 async def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    p.add_argument("--db", choices=["sqlite", "postgres", "none"], default="sqlite", help="none: no sink")
     p.add_argument("-n", type=int, default=50)
     p.add_argument("--duration", type=float, default=0.06, help="seconds per response")
     p.add_argument("--flush-interval", type=float, default=0.05)
@@ -75,6 +116,9 @@ async def main() -> None:
     _count_statements()
     tmp = Path(tempfile.mkdtemp(prefix="eg-c13-"))
     schema = None
+    if args.db == "none":
+        await _without_sink(args)
+        return
     if args.db == "sqlite":
         url = f"sqlite+aiosqlite:///{tmp / 'eg.db'}"
     else:
@@ -103,19 +147,24 @@ async def main() -> None:
             async for _ in guard(paced(events, "resp_warm", 0.0), asyncio.Event(), sink=sink):
                 pass
             t0, s0, b0, e0 = transactions, statements, sink.stats.batches_written, sink.stats.events_written
+            cpu0 = await _backend_cpu(sink.owner) if args.db == "postgres" else 0.0
             for i in range(args.n):
                 stream = paced(events, f"resp_{i}", args.duration * args.scale)
                 async with guard(stream, asyncio.Event(), sink=sink) as g:
                     async for _ in g:
                         pass
             n = args.n
+            backend = ""
+            if args.db == "postgres":
+                cpu = (await _backend_cpu(sink.owner) - cpu0) / n
+                backend = f", PostgreSQL backend CPU {cpu * 1000:.2f} ms per response"
             print(
                 f"{args.db}: {n} responses x {len(events)} events, {args.duration * 1000:.0f} ms each, "
                 f"flush_interval {args.flush_interval * 1000:.0f} ms (scale {args.scale}): "
                 f"{(transactions - t0) / n:.2f} transactions, {(statements - s0) / n:.2f} statements, "
                 f"{(sink.stats.batches_written - b0) / n:.2f} batches per response; "
                 f"events written {sink.stats.events_written - e0} of {n * len(events)}, "
-                f"spooled {sink.stats.batches_spooled}"
+                f"spooled {sink.stats.batches_spooled}{backend}"
             )
             await sink.aclose()
     finally:
