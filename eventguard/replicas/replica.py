@@ -205,6 +205,25 @@ class Replica:
             ).scalar_one_or_none()
         return background is not True
 
+    async def replay_elsewhere(self, response_id: str, user: str | None) -> bool:
+        """A background streamed response another replica ran (or runs), not cancelled: its replay
+        (``?stream=true``) lives only in that replica's process-local stream store, so this replica's
+        host would answer "not created with stream=true or the stream TTL has expired", which is
+        not so (docs/replicas.md, "Replay anywhere")."""
+        part, key = self._where(response_id, user)
+        async with self._tx() as conn:
+            lease = await lease_sql.lease_of(conn, part, key)
+            if lease is None or lease.owner == self.identity or lease.state not in ("running", "ended"):
+                return False
+            r = responses.c
+            row = (
+                await conn.execute(
+                    select(r.background, r.stream, r.status).where(r.response_id == _shown(response_id))
+                )
+            ).first()
+        # A cancelled one: its owner deleted the replay too, and the host here answers as it does.
+        return row is not None and row.background is True and row.stream is True and row.status != "cancelled"
+
     async def folded(self, response_id: str, envelope: dict[str, Any]) -> dict[str, Any]:
         """``envelope`` (another replica's in-flight response) as of its last stored event."""
         async with self._tx() as conn:
