@@ -12,6 +12,7 @@ import contextlib
 import json
 import signal
 import sqlite3
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -101,18 +102,24 @@ async def _postgres() -> AsyncIterator[tuple[Database, Any]]:
 
 
 async def replicas(
-    stack: AsyncExitStack, database: Database, root: Path, n: int, policy: str = "failed"
+    stack: AsyncExitStack,
+    database: Database,
+    root: Path,
+    n: int,
+    policy: str = "failed",
+    timing: list[tuple[str, str]] | None = None,
 ) -> list[Lifetime]:
     """``n`` replicas on the database, started one after the other (the first creates the schema),
-    reaping by ``policy``."""
+    reaping by ``policy``; ``timing``: each replica's (heartbeat, reap_every), ``-`` the default."""
     started = []
     for i in range(n):
         state = root / f"replica-{i}"
         state.mkdir()
+        heartbeat, reap_every = timing[i] if timing else ("-", "-")
         started.append(
             await stack.enter_async_context(
                 lifetime(database, state, "uvicorn", "chat", module="tests.upstream._replica_child",
-                         args=(LEASE, policy))
+                         args=(LEASE, policy, heartbeat, reap_every))
             )
         )  # fmt: skip
     return started
@@ -204,6 +211,39 @@ async def test_a_cancel_on_another_replica_reaches_the_owner_as_a_client_cancel_
         sql = "SELECT status, cause FROM eventguard_responses WHERE response_id = $1 AND status = 'cancelled'"
         row = await poll(lambda: conn.fetchrow(sql, rid), "the cancelled lifecycle")
         assert row["cause"] == "client_cancel"  # the guard saw the host's client cancel
+
+
+async def test_a_cancel_on_another_replica_reaches_an_owner_whose_lease_renewal_is_late(
+    any_db: tuple[Database, Any], tmp_path: Path
+) -> None:
+    """Under heavy load an owner's heartbeat can come later than its lease while the owner runs on:
+    here A never renews (and nobody reaps), so its lease is past its expiry, still ``running``.
+    The owner still takes relayed cancels and writes its terminal under its token; B must relay
+    and answer as A would (200, cancelled), not its host's 404 from the ``in_progress`` store."""
+    database, conn = any_db
+    async with AsyncExitStack() as stack:
+        late, never = ("3600", "3600"), ("-", "3600")
+        a, b = await replicas(stack, database, tmp_path, 2, timing=[late, never])
+        rid = new_id()
+        assert (await post(a.base_url, "hang", rid)).status_code == 200
+        await started_on(conn, rid)
+        expiry = "SELECT lease_expires FROM eventguard_leases WHERE response_id = $1"
+        expires = await conn.fetchval(expiry, f'"{rid}"')
+
+        async def overdue() -> bool:  # the database runs on this host: one clock
+            return time.time() > expires + 0.2
+
+        await poll(overdue, "the lease past its expiry")
+        async with client(b.base_url) as cb, client(a.base_url) as ca, asyncio.timeout(STEP):
+            cancelled = await cb.responses.cancel(rid)
+            assert cancelled.status == "cancelled"
+            assert (await ca.responses.retrieve(rid)).status == "cancelled"
+        sql = "SELECT status, cause FROM eventguard_responses WHERE response_id = $1 AND status = 'cancelled'"
+        row = await poll(lambda: conn.fetchrow(sql, rid), "the cancelled lifecycle")
+        assert row["cause"] == "client_cancel"
+        lease = "SELECT state, ended_status FROM eventguard_leases WHERE response_id = $1"
+        ended = await conn.fetchrow(lease, f'"{rid}"')
+        assert (ended["state"], ended["ended_status"]) == ("ended", "cancelled")  # by the owner's write
 
 
 async def killed_mid_run(conn: Any, owner: Any) -> str:
