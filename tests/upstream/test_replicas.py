@@ -457,6 +457,9 @@ async def test_a_replay_on_another_replica_says_only_the_replica_that_ran_it_can
                 lines = streaming.aiter_lines()
                 live = await _read_events(lines, 3)  # created, in_progress, the message item
                 await started_on(conn, rid)
+                # The sink's row says background and stream (one flush after the first event).
+                row = "SELECT 1 FROM eventguard_responses WHERE response_id = $1 AND stream AND background"
+                await poll(lambda: conn.fetchval(row, rid), "the sink's row")
                 mid_run = await http.get(f"{b.base_url}/responses/{rid}?stream=true&starting_after=2")
                 async for line in lines:
                     if line.startswith("data: "):
