@@ -45,6 +45,8 @@ class Lease:
     cancel_headers: dict[str, str] | None
     #: The run's mode from its handler's context; None until the handler runs (migration 0006).
     background: bool | None = None
+    #: When the owner took the relayed cancel (the database's clock); None until it did.
+    cancel_delivered: float | None = None
 
 
 async def claim(
@@ -200,6 +202,7 @@ async def lease_of(conn: AsyncConnection, partition: str, key: str) -> Lease | N
                 (L.lease_expires < now).label("expired"),
                 L.cancel_headers,
                 L.background,
+                L.cancel_delivered,
             ).where(L.partition == partition, L.response_key == key)
         )
     ).first()
@@ -218,6 +221,7 @@ def _lease(row: object) -> Lease:
         expired=bool(getattr(row, "expired", False)),
         cancel_headers=None if headers is None else json.loads(headers),
         background=getattr(row, "background", None),
+        cancel_delivered=getattr(row, "cancel_delivered", None),
     )
 
 

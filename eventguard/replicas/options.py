@@ -21,8 +21,9 @@ class ReplicaOptions:
       owner to recover, as upstream's process-local task store requires).
     - ``cancel_poll``: seconds between looks for relayed cancels (the fallback beside PostgreSQL's
       ``LISTEN/NOTIFY``; the only way on SQLite).
-    - ``cancel_wait``: seconds a relaying replica waits for the owner's terminal (the host's own
-      cancel wait is 10 s; the default adds the relay's own latency).
+    - ``cancel_wait``: seconds a relaying replica waits for the owner's terminal, counted from the
+      owner's taking the cancel (the host's own cancel wait is 10 s, from its receiving it; the
+      default adds the terminal's write), and as long again for the owner to take it.
     """
 
     identity: str | None = None

@@ -6,6 +6,10 @@ owner would answer them (see docs/replicas.md for the host's routes it stands in
   host refuses before its handler runs (an error status) is let go again.
 - ``GET /responses/{id}`` of a *foreground* response in flight on another live replica: the owner's
   404 (the host shows a foreground response only once it has ended).
+- ``GET /responses/{id}?stream=true`` (replay) of a background streamed response another replica
+  ran or runs (not cancelled): a 400 that says so (:data:`REPLAY_ELSEWHERE`). The replay lives in
+  the owner's process-local stream store; the stored events do not reproduce it faithfully (see
+  docs/replicas.md, "Replay anywhere").
 - ``DELETE /responses/{id}`` of a response running on another live replica: the owner's 400
   "Cannot delete an in-flight response.".
 - ``POST /responses/{id}/cancel`` of a response running on another live replica: the cancel is
@@ -46,6 +50,24 @@ CONFLICT = _error(
     "response_id_conflict",
 )
 IN_FLIGHT = _error(400, "Cannot delete an in-flight response.", "invalid_request_error", None)
+#: A replay (``?stream=true``) asked of a replica that did not run the response: the host's own
+#: status, type and ``param`` for a stream it cannot serve, with a message that says why (its
+#: answer here, "not created with stream=true or the stream TTL has expired", is not so).
+REPLAY_ELSEWHERE = (
+    400,
+    json.dumps(
+        {
+            "error": {
+                "message": "This response was streamed by another replica: its events can be replayed "
+                "(stream=true) only by the replica that ran it, while it retains them. "
+                "Retrieve it without stream=true for its stored state.",
+                "type": "invalid_request_error",
+                "code": "invalid_request_error",
+                "param": "stream",
+            }
+        }
+    ).encode(),
+)
 
 
 def _not_found(response_id: str) -> tuple[int, bytes]:
@@ -99,10 +121,15 @@ class ReplicaMiddleware:
             from urllib.parse import unquote
 
             response_id = unquote(match["id"])
-            replay = b"stream=true" in scope.get("query_string", b"")
+            query = _query(scope)
+            replay = query.get("stream", "false").lower() == "true"  # as the host reads it
             if method == "GET" and match["cancel"] is None and not replay:
                 if await self.replica.foreground_elsewhere(response_id, user):
                     await _answer(send, *_not_found(response_id))
+                    return
+            elif method == "GET" and match["cancel"] is None:
+                if _cursor_ok(query) and await self.replica.replay_elsewhere(response_id, user):
+                    await _answer(send, *REPLAY_ELSEWHERE)
                     return
             elif method == "DELETE" and match["cancel"] is None:
                 if await self.replica.running_elsewhere(response_id, user):
@@ -111,6 +138,27 @@ class ReplicaMiddleware:
             elif method == "POST" and match["cancel"] is not None:
                 await self.replica.relay_cancel(response_id, user, headers)
         await self.app(scope, receive, send)
+
+
+def _query(scope: Any) -> dict[str, str]:
+    """The query's parameters as the host's framework reads them (blank values kept, the last of
+    a repeated name wins)."""
+    from urllib.parse import parse_qsl
+
+    return dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
+
+
+def _cursor_ok(query: dict[str, str]) -> bool:
+    """``starting_after`` absent or an integer: else the host's own 400 (``param=starting_after``)
+    comes first, as on the owner."""
+    cursor = query.get("starting_after")
+    if cursor is None:
+        return True
+    try:
+        int(cursor)
+    except ValueError:
+        return False
+    return True
 
 
 async def _answer(send: Any, status: int, body: bytes) -> None:

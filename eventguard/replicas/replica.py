@@ -205,6 +205,25 @@ class Replica:
             ).scalar_one_or_none()
         return background is not True
 
+    async def replay_elsewhere(self, response_id: str, user: str | None) -> bool:
+        """A background streamed response another replica ran (or runs), not cancelled: its replay
+        (``?stream=true``) lives only in that replica's process-local stream store, so this replica's
+        host would answer "not created with stream=true or the stream TTL has expired", which is
+        not so (docs/replicas.md, "Replay anywhere")."""
+        part, key = self._where(response_id, user)
+        async with self._tx() as conn:
+            lease = await lease_sql.lease_of(conn, part, key)
+            if lease is None or lease.owner == self.identity or lease.state not in ("running", "ended"):
+                return False
+            r = responses.c
+            row = (
+                await conn.execute(
+                    select(r.background, r.stream, r.status).where(r.response_id == _shown(response_id))
+                )
+            ).first()
+        # A cancelled one: its owner deleted the replay too, and the host here answers as it does.
+        return row is not None and row.background is True and row.stream is True and row.status != "cancelled"
+
     async def folded(self, response_id: str, envelope: dict[str, Any]) -> dict[str, Any]:
         """``envelope`` (another replica's in-flight response) as of its last stored event."""
         async with self._tx() as conn:
@@ -214,11 +233,19 @@ class Replica:
     # -- cancel relay -----------------------------------------------------------------------------
 
     async def relay_cancel(self, response_id: str, user: str | None, headers: dict[str, str]) -> None:
-        """A cancel for another replica's running response: record it, tell the owner, wait (the
-        host's bound) until its lease ends. Returns at once for anything else."""
-        if not await self.running_elsewhere(response_id, user):
-            return
+        """A cancel for another replica's running response: record it, tell the owner, and wait (the
+        host's bound) until the owner's terminal is in the store, which this replica's host then
+        answers (200 with the cancelled response). Returns at once for anything else.
+
+        A lease past its expiry but still ``running`` is relayed too: under load the owner's
+        heartbeat can come later than its lease while the owner runs on, and the owner still takes
+        relayed cancels and writes its terminal under its token (neither looks at the expiry). An
+        owner that is really gone has its lease ended by a reaper, which ends the wait as well."""
         part, key = self._where(response_id, user)
+        async with self._tx() as conn:
+            lease = await lease_sql.lease_of(conn, part, key)
+        if lease is None or lease.state != "running" or lease.owner == self.identity:
+            return
         kept = {k: v for k, v in headers.items() if k in _KEPT_HEADERS}
         async with self._tx() as conn:
             owner = await lease_sql.request_cancel(conn, part, key, kept)
@@ -228,23 +255,39 @@ class Replica:
         if owner is None:
             return
         loop = asyncio.get_running_loop()
+        # The bound runs from the owner's taking the cancel, as the host's own wait runs from its
+        # receiving it: under load the delivery alone (a NOTIFY, then one transaction that can take
+        # seconds) ate into a bound counted from here, and B answered 404 while A went on to cancel.
+        # Until it is delivered, the same bound again (a dead owner's lease is reaped meanwhile).
         deadline = loop.time() + self.options.cancel_wait
+        delivered = False
         while loop.time() < deadline:
             async with self._tx() as conn:
                 lease = await lease_sql.lease_of(conn, part, key)
-            if lease is None or lease.state != "running":
-                return
-            if lease.expired:  # the owner stopped renewing: the host answers from the store
-                log.warning(
-                    "relayed cancel of %r: the owner's lease expired before its terminal", response_id
-                )
+            if not delivered and lease is not None and lease.cancel_delivered is not None:
+                delivered = True
+                deadline = loop.time() + self.options.cancel_wait
+            if lease is None or lease.state not in ("running", "ended"):
+                return  # deleted, or reaped as ``interrupted`` (its envelope is left in flight)
+            # A lease can end before its envelope is terminal (the owner's handler end let it go
+            # while the host's write was still to come): the host here answers from the store.
+            if lease.state == "ended" and await self._stored_ended(response_id, user):
                 return
             await asyncio.sleep(0.05)
         log.warning(
-            "relayed cancel of %r: no terminal from the owner within %ss",
+            "relayed cancel of %r: no terminal from the owner within %ss of %s",
             response_id,
             self.options.cancel_wait,
+            "its taking the cancel" if delivered else "asking (the owner never took it)",
         )
+
+    async def _stored_ended(self, response_id: str, user: str | None) -> bool:
+        """The stored envelope is no longer in flight (or is gone: the host answers that too)."""
+        try:
+            stored = await self.provider.get_response(response_id, context=SimpleNamespace(user_id_key=user))
+        except Exception:  # not found, or unreadable: the host's own fallback answers it
+            return True
+        return not isinstance(stored, dict) or stored.get("status") not in snapshot.IN_FLIGHT
 
     async def _bound_idle_transactions(self) -> None:
         """On PostgreSQL, a session of this replica idle inside a transaction for longer than a
@@ -333,8 +376,15 @@ class Replica:
     # -- heartbeat and reaper ---------------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        every = self.options.heartbeat_every
+        due = loop.time()
         while True:
-            await asyncio.sleep(self.options.heartbeat_every)
+            # A fixed cadence from each renewal's start, not a pause after its end: under load a
+            # renewal takes seconds (a busy pool, a busy database: up to 7 s measured at a load of
+            # 15 on 2 cores), and a gap of the interval plus that ate most of the lease.
+            due = max(due + every, loop.time())
+            await asyncio.sleep(due - loop.time())
             try:
                 async with self._tx() as conn:
                     await lease_sql.heartbeat(conn, self.identity, self.options.lease)

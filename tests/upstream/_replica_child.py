@@ -1,7 +1,10 @@
 """Child process of the replica tests: one replica of a guarded server on one database
 (``GuardedResponsesHostServer(agent, database=URL, replicas=ReplicaOptions(...))``) under uvicorn.
 
-Usage: python -m tests.upstream._replica_child URL SCHEMA|- PORT LEASE [REAP_POLICY]
+Usage: python -m tests.upstream._replica_child URL SCHEMA|- PORT LEASE [REAP_POLICY [HEARTBEAT REAP_EVERY]]
+
+(``HEARTBEAT`` and ``REAP_EVERY`` in seconds, ``-`` for the defaults: a heartbeat far longer than the
+lease stands for an owner whose renewals are late, as under heavy load.)
 
 The agent answers by its input: ``hang...`` streams one chunk and then waits until cancelled (a slow
 model); ``slow...`` streams three chunks a second apart; anything else answers ``done`` at once.
@@ -36,10 +39,25 @@ class ByInput(ScriptedChatClient):
         return script._inner_get_response(messages=messages, stream=stream, options=options, **kwargs)
 
 
-def main(url: str, schema: str, port: int, lease: float, policy: str = "failed") -> None:
+def main(
+    url: str,
+    schema: str,
+    port: int,
+    lease: float,
+    policy: str = "failed",
+    heartbeat: str = "-",
+    reap: str = "-",
+) -> None:
     agent, _probe = chat_agent(ByInput(), name="replica-chat")
     assert policy in ("failed", "interrupted"), policy
-    options = ReplicaOptions(lease=lease, cancel_poll=0.2, jitter=0.5, reap_policy=policy)  # type: ignore[arg-type]
+    options = ReplicaOptions(
+        lease=lease,
+        cancel_poll=0.2,
+        jitter=0.5,
+        reap_policy=policy,  # type: ignore[arg-type]
+        heartbeat=None if heartbeat == "-" else float(heartbeat),
+        reap_every=None if reap == "-" else float(reap),
+    )
     server = GuardedResponsesHostServer(
         agent,
         database=url,
@@ -58,4 +76,4 @@ def main(url: str, schema: str, port: int, lease: float, policy: str = "failed")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), *sys.argv[5:6])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), *sys.argv[5:8])

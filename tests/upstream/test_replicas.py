@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import sqlite3
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -100,18 +102,24 @@ async def _postgres() -> AsyncIterator[tuple[Database, Any]]:
 
 
 async def replicas(
-    stack: AsyncExitStack, database: Database, root: Path, n: int, policy: str = "failed"
+    stack: AsyncExitStack,
+    database: Database,
+    root: Path,
+    n: int,
+    policy: str = "failed",
+    timing: list[tuple[str, str]] | None = None,
 ) -> list[Lifetime]:
     """``n`` replicas on the database, started one after the other (the first creates the schema),
-    reaping by ``policy``."""
+    reaping by ``policy``; ``timing``: each replica's (heartbeat, reap_every), ``-`` the default."""
     started = []
     for i in range(n):
         state = root / f"replica-{i}"
         state.mkdir()
+        heartbeat, reap_every = timing[i] if timing else ("-", "-")
         started.append(
             await stack.enter_async_context(
                 lifetime(database, state, "uvicorn", "chat", module="tests.upstream._replica_child",
-                         args=(LEASE, policy))
+                         args=(LEASE, policy, heartbeat, reap_every))
             )
         )  # fmt: skip
     return started
@@ -203,6 +211,39 @@ async def test_a_cancel_on_another_replica_reaches_the_owner_as_a_client_cancel_
         sql = "SELECT status, cause FROM eventguard_responses WHERE response_id = $1 AND status = 'cancelled'"
         row = await poll(lambda: conn.fetchrow(sql, rid), "the cancelled lifecycle")
         assert row["cause"] == "client_cancel"  # the guard saw the host's client cancel
+
+
+async def test_a_cancel_on_another_replica_reaches_an_owner_whose_lease_renewal_is_late(
+    any_db: tuple[Database, Any], tmp_path: Path
+) -> None:
+    """Under heavy load an owner's heartbeat can come later than its lease while the owner runs on:
+    here A never renews (and nobody reaps), so its lease is past its expiry, still ``running``.
+    The owner still takes relayed cancels and writes its terminal under its token; B must relay
+    and answer as A would (200, cancelled), not its host's 404 from the ``in_progress`` store."""
+    database, conn = any_db
+    async with AsyncExitStack() as stack:
+        late, never = ("3600", "3600"), ("-", "3600")
+        a, b = await replicas(stack, database, tmp_path, 2, timing=[late, never])
+        rid = new_id()
+        assert (await post(a.base_url, "hang", rid)).status_code == 200
+        await started_on(conn, rid)
+        expiry = "SELECT lease_expires FROM eventguard_leases WHERE response_id = $1"
+        expires = await conn.fetchval(expiry, f'"{rid}"')
+
+        async def overdue() -> bool:  # the database runs on this host: one clock
+            return time.time() > expires + 0.2
+
+        await poll(overdue, "the lease past its expiry")
+        async with client(b.base_url) as cb, client(a.base_url) as ca, asyncio.timeout(STEP):
+            cancelled = await cb.responses.cancel(rid)
+            assert cancelled.status == "cancelled"
+            assert (await ca.responses.retrieve(rid)).status == "cancelled"
+        sql = "SELECT status, cause FROM eventguard_responses WHERE response_id = $1 AND status = 'cancelled'"
+        row = await poll(lambda: conn.fetchrow(sql, rid), "the cancelled lifecycle")
+        assert row["cause"] == "client_cancel"
+        lease = "SELECT state, ended_status FROM eventguard_leases WHERE response_id = $1"
+        ended = await conn.fetchrow(lease, f'"{rid}"')
+        assert (ended["state"], ended["ended_status"]) == ("ended", "cancelled")  # by the owner's write
 
 
 async def killed_mid_run(conn: Any, owner: Any) -> str:
@@ -379,3 +420,93 @@ async def test_a_get_on_another_replica_shows_the_output_stored_so_far_before_th
             ended = (await http.get(f"{b.base_url}/responses/{rid}")).json()
             owner = (await http.get(f"{a.base_url}/responses/{rid}")).json()
             assert _text_of(ended) == _text_of(owner) == "abc", (ended, owner)
+
+
+def _sse_events(body: str) -> list[dict[str, Any]]:
+    """The events of an SSE body (its ``data:`` lines), keep-alive comments left out."""
+    return [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: ")]
+
+
+async def _read_events(lines: AsyncIterator[str], n: int) -> list[dict[str, Any]]:
+    """The next ``n`` events of a live SSE stream."""
+    got: list[dict[str, Any]] = []
+    async for line in lines:
+        if line.startswith("data: "):
+            got.append(json.loads(line[6:]))
+            if len(got) == n:
+                break
+    return got
+
+
+REPLAY_ELSEWHERE = "This response was streamed by another replica"
+
+
+@pytest.mark.postgres
+async def test_a_replay_on_another_replica_says_only_the_replica_that_ran_it_can_serve_it(
+    db: tuple[Database, Any], tmp_path: Path
+) -> None:
+    database, conn = db
+    async with AsyncExitStack() as stack:
+        a, b = await replicas(stack, database, tmp_path, 2)
+        rid = new_id()
+        body = {"model": "m", "input": "slow", "stream": True, "background": True}
+        async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP):
+            async with http.stream(
+                "POST", f"{a.base_url}/responses", json=body, headers={"x-agent-response-id": rid}
+            ) as streaming:
+                lines = streaming.aiter_lines()
+                live = await _read_events(lines, 3)  # created, in_progress, the message item
+                await started_on(conn, rid)
+                # The sink's row says background and stream (one flush after the first event).
+                row = "SELECT 1 FROM eventguard_responses WHERE response_id = $1 AND stream AND background"
+                await poll(lambda: conn.fetchval(row, rid), "the sink's row")
+                mid_run = await http.get(f"{b.base_url}/responses/{rid}?stream=true&starting_after=2")
+                async for line in lines:
+                    if line.startswith("data: "):
+                        live.append(json.loads(line[6:]))
+            owner = await http.get(f"{a.base_url}/responses/{rid}?stream=true&starting_after=2")
+            other = await http.get(f"{b.base_url}/responses/{rid}?stream=true&starting_after=2")
+            bad_cursor = await http.get(f"{b.base_url}/responses/{rid}?stream=true&starting_after=x")
+        # The owner replays from its own stream store, numbered as it streamed them.
+        replayed = _sse_events(owner.text)
+        assert (
+            owner.status_code == 200 and replayed == live[3:] and replayed[-1]["type"] == "response.completed"
+        )
+        for answer in (mid_run, other):
+            assert answer.status_code == 400, answer.text
+            error = answer.json()["error"]
+            assert (error["type"], error["param"]) == ("invalid_request_error", "stream")
+            assert error["message"].startswith(REPLAY_ELSEWHERE)
+        assert bad_cursor.status_code == 400 and bad_cursor.json()["error"]["param"] == "starting_after"
+        # What a replay from the store would have to work from (docs/replicas.md, "Replay anywhere"):
+        # here (nothing dropped, the agent framework numbering from 0) the stored order and the
+        # host's numbers agree, event for event.
+        sql = "SELECT seq, type FROM eventguard_events WHERE response_id = $1 ORDER BY seq"
+        stored = [(row["seq"], row["type"]) for row in await conn.fetch(sql, rid)]
+        assert stored == [(e["sequence_number"], e["type"]) for e in live]
+
+
+@pytest.mark.postgres
+async def test_a_replay_of_a_cancelled_stream_is_refused_on_every_replica_as_on_its_owner(
+    db: tuple[Database, Any], tmp_path: Path
+) -> None:
+    database, conn = db
+    async with AsyncExitStack() as stack:
+        a, b = await replicas(stack, database, tmp_path, 2)
+        rid = new_id()
+        body = {"model": "m", "input": "hang", "stream": True, "background": True}
+        async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP):
+            async with http.stream(
+                "POST", f"{a.base_url}/responses", json=body, headers={"x-agent-response-id": rid}
+            ) as streaming:
+                await _read_events(streaming.aiter_lines(), 3)
+                await started_on(conn, rid)
+                cancelled = await http.post(f"{b.base_url}/responses/{rid}/cancel")
+                assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+            ended = "SELECT 1 FROM eventguard_responses WHERE response_id = $1 AND status = 'cancelled'"
+            await poll(lambda: conn.fetchval(ended, rid), "the cancelled lifecycle")
+            owner = await http.get(f"{a.base_url}/responses/{rid}?stream=true")
+            other = await http.get(f"{b.base_url}/responses/{rid}?stream=true")
+        # The owner deleted its replay when the run was cancelled: both hosts say so alike.
+        assert owner.status_code == other.status_code == 400
+        assert other.json() == owner.json()
