@@ -149,6 +149,14 @@ class _TypeRaises:
         raise RuntimeError("reading the type failed")
 
 
+class _TypeRaisesBase:
+    """An event object whose ``type`` raises a BaseException when read."""
+
+    @property
+    def type(self) -> str:
+        raise _Halt("reading the type failed")
+
+
 class _LookupRaisesBase:
     """An event whose ``event["type"]`` raises a BaseException."""
 
@@ -156,7 +164,10 @@ class _LookupRaisesBase:
         raise _Halt("reading the type failed")
 
 
-@pytest.mark.parametrize(("odd", "error"), [(_TypeRaises(), RuntimeError), (_LookupRaisesBase(), _Halt)])
+@pytest.mark.parametrize(
+    ("odd", "error"),
+    [(_TypeRaises(), RuntimeError), (_TypeRaisesBase(), _Halt), (_LookupRaisesBase(), _Halt)],
+)
 async def test_an_event_whose_type_cannot_be_read_is_the_guards_own_error_recorded_and_raised(
     odd: object, error: type[BaseException]
 ) -> None:
@@ -165,9 +176,9 @@ async def test_an_event_whose_type_cannot_be_read_is_the_guards_own_error_record
     through. Not the inner stream's ending (a BaseException from the inner stream is ``interrupted``
     for recovery), and not an error thrown in by the consumer (which records nothing of its own).
     Iterated without ``async with``, whose exit would record an ending for the consumer's error.
-    Origin: the 2026-12-02 mutation run over core.py (``phase = 1`` made 2 in both of the hot loop's
-    ``except`` clauses around the type's lookup; the ``except BaseException`` clause made one that
-    never matches)."""
+    Origin: the 2026-12-02 mutation run over core.py (``phase = 1`` made 2 or 0 in both of the hot
+    loop's ``except`` clauses around the type's lookup; the ``except BaseException`` clause made one
+    that never matches)."""
     events = stream_events(1)
     g = guard(Scripted([*events[:3], odd, *events[3:]]), asyncio.Event())
     with pytest.raises(error, match="reading the type failed"):
