@@ -17,6 +17,7 @@ from eventguard.testing.streams import (
 )
 
 from .helpers import (
+    ClaimsEveryClass,
     CountingSink,
     OwningIterable,
     drain,
@@ -198,5 +199,28 @@ async def test_an_exception_thrown_in_at_a_hand_over_ends_the_stream_by_that_exc
                 it = aiter(g)
                 await anext(it)
                 await it.athrow(ValueError("thrown in"))
+    assert (g.lifecycle.state, g.lifecycle.cause) == (State.FAILED, Cause.ERROR)
+    assert inner.closes == 1
+
+
+class _SaysItIsGeneratorExit(Exception, metaclass=ClaimsEveryClass):
+    """An error whose class claims to equal every class, ``GeneratorExit`` included."""
+
+
+async def test_an_exception_whose_class_claims_to_be_generator_exit_is_not_taken_for_a_close() -> None:
+    """Only a ``GeneratorExit`` itself thrown in at a hand-over is a close (classes are compared by
+    identity): an error whose class merely says it equals ``GeneratorExit`` goes through untouched, and
+    ends the stream as an error when the ``async with`` body it leaves ends.
+
+    Origin: the 2026-12-02 mutation run over core.py: ``exc.__class__ is GeneratorExit`` becoming ``==``
+    recorded ``closed_early`` at the throw."""
+    inner = Scripted(stream_events(3))
+    g = guard(inner, asyncio.Event())
+    async with asyncio.timeout(5):
+        with pytest.raises(_SaysItIsGeneratorExit, match="thrown in"):
+            async with g:
+                it = aiter(g)
+                await anext(it)
+                await it.athrow(_SaysItIsGeneratorExit("thrown in"))
     assert (g.lifecycle.state, g.lifecycle.cause) == (State.FAILED, Cause.ERROR)
     assert inner.closes == 1
