@@ -326,6 +326,80 @@ async def test_the_watchdog_never_cancels_a_task_it_cannot_see_inside_the_guard(
     assert [a.kind for a in g.lifecycle.anomalies] == ["stuck", "duplicate_terminal"]
 
 
+class _ClaimsToBeAnything:
+    """What a coroutine awaiting :class:`_Bystanding` shows as its ``cr_await``: it delegates to a
+    future, and claims to equal any object (the guard's generator included)."""
+
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self._it = fut.__await__()
+
+    def __iter__(self) -> _ClaimsToBeAnything:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._it)
+
+    def send(self, value: Any) -> Any:
+        return self._it.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._it.throw(*args)
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = object.__hash__
+
+
+class _Bystanding:
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self.fut = fut
+
+    def __await__(self) -> Any:
+        return _ClaimsToBeAnything(self.fut)
+
+
+async def test_a_task_awaiting_something_that_claims_to_be_the_guard_is_not_taken_for_its_step() -> None:
+    """The chain of awaits is matched to the guard's generator by identity: a task elsewhere that awaits an
+    object claiming to equal anything is not inside the guard, and is never cancelled; the stuck ending is
+    recorded without interrupting anyone, as when no task is inside the step.
+
+    Origin: the 2026-12-02 mutation run over watchdog.py: ``obj is gen`` becoming ``==`` in
+    ``awaits_through`` cancelled that task."""
+    signal, release = asyncio.Event(), asyncio.Event()
+
+    async def inner() -> AsyncIterator[Any]:
+        yield CREATED
+        await release.wait()
+        yield terminal()
+
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+
+    async def bystander() -> None:
+        await _Bystanding(fut)
+
+    other = asyncio.create_task(bystander())
+    g = guard(inner(), signal, context=host_context(), cancel_grace=GRACE)
+    async with asyncio.timeout(BOUND):
+        await asyncio.sleep(0)  # the bystander is waiting
+        assert await g.__anext__() is CREATED
+        step = g.__anext__()
+        step.send(None)  # suspended inside the inner stream's await, in no task's chain of awaits
+        signal.set()
+        await asyncio.sleep(3 * GRACE)
+        assert other.cancelling() == 0 and not other.done()
+        assert (g.lifecycle.state, g.lifecycle.cause) == (State.FAILED, Cause.STUCK)
+        fut.set_result(None)
+        await other
+        release.set()
+        await asyncio.sleep(0)
+        with pytest.raises(StopIteration):
+            step.send(None)
+        await g.aclose()
+    assert "could be found" in g.lifecycle.anomalies[0].reason
+
+
 # -- (d) how far a chain of awaits is followed -----------------------------------------------------
 
 
