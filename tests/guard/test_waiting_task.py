@@ -14,6 +14,7 @@ record and the forwarded stream never disagree.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,6 +22,8 @@ import pytest
 
 from eventguard import Cause, Lifecycle, State, guard
 from eventguard.testing.streams import event, host_context, terminal
+
+from .helpers import tasks_equal_to_any
 
 BOUND = 5.0
 GRACE = 0.05
@@ -79,13 +82,19 @@ def step_with_anext_default(it: Any) -> Any:
     [step_with_wait_for, step_in_a_task, step_with_ensure_future, step_with_anext_default],
     ids=["wait_for(anext(it))", "create_task(anext(it))", "ensure_future(it.__anext__())", "anext(it, None)"],
 )
-async def test_a_consumer_stepping_in_a_task_per_step_is_unstuck_after_a_client_cancel(step: Any) -> None:
+@pytest.mark.parametrize("equal_tasks", [False, True], ids=["", "tasks equal to any"])
+async def test_a_consumer_stepping_in_a_task_per_step_is_unstuck_after_a_client_cancel(
+    step: Any, equal_tasks: bool
+) -> None:
+    """``equal_tasks``: under a task factory whose tasks claim to equal any other, the step's task is
+    still found (origin: the 2026-12-02 mutation run over watchdog.py: ``task is not hint`` becoming
+    ``!=`` in ``waiting_task`` found no task, and the step stayed blocked)."""
     signal, ctx = asyncio.Event(), host_context()
     g = guard(blocked_model_call(), signal, context=ctx, cancel_grace=GRACE)
     it = aiter(g)
     me = asyncio.current_task()
     assert me is not None
-    async with asyncio.timeout(BOUND):
+    async with asyncio.timeout(BOUND), tasks_equal_to_any() if equal_tasks else contextlib.nullcontext():
         first = await step(it)  # the first step's task is done from here on
         assert first is CREATED
         asyncio.get_running_loop().call_later(0.02, client_cancel, ctx, signal)
