@@ -17,6 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -47,7 +50,9 @@ def _rows(rid: str, events: list[dict[str, Any]], at: Any) -> list[tuple[Any, ..
     return [(rid, 1, seq, ev["type"], orjson.dumps(ev).decode(), at) for seq, ev in enumerate(events)]
 
 
-def _raw_sqlite(path: Path, rid: str, events: list[dict[str, Any]]) -> float:
+async def _raw_sqlite(path: Path, rid: str, events: list[dict[str, Any]]) -> float:
+    # A coroutine (with no await) only so that both databases share _measure; sqlite3 blocks the loop,
+    # as the baseline did when it was a plain call.
     at = datetime.now(UTC)
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
         conn.execute("PRAGMA journal_mode = WAL")
@@ -98,7 +103,7 @@ def _short_rows(streams: int, events: int, at: Any) -> tuple[list[tuple[Any, ...
 _RESPONSE_COLUMNS = ["response_id", "status", "finished_at", "updated_at", "event_count"]
 
 
-def _raw_sqlite_short(path: Path, streams: int, events: int) -> float:
+async def _raw_sqlite_short(path: Path, streams: int, events: int) -> float:
     at = datetime.now(UTC).isoformat(" ")
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
         conn.execute("PRAGMA journal_mode = WAL")
@@ -163,105 +168,93 @@ async def _stream_alone(n: int) -> float:
     return now() - t
 
 
-async def run_sqlite(sizes: Sizes) -> list[Row]:
+@dataclass(frozen=True)
+class _Database:
+    """What the measurements need of one database; ``where`` is its file (SQLite) or schema (PostgreSQL)."""
+
+    label: str
+    baseline: str
+    sink: Callable[[], AbstractAsyncContextManager[tuple[Any, Any]]]
+    raw: Callable[[Any, str, list[dict[str, Any]]], Awaitable[float]]
+    raw_short: Callable[[Any, int, int], Awaitable[float]]
+    count: Callable[[Any], Awaitable[int]]
+
+
+async def _sqlite_count(path: Path) -> int:
+    return sqlite_count(path)
+
+
+_SQLITE = _Database(
+    "2 SQLite", "raw sqlite3 executemany, WAL", sqlite_sink, _raw_sqlite, _raw_sqlite_short, _sqlite_count
+)
+_PG = _Database(
+    "3 PostgreSQL", "raw asyncpg copy_records_to_table", pg_sink, _raw_pg, _raw_pg_short, pg_count
+)
+
+
+async def _measure(db: _Database, sizes: Sizes, alone: list[float] | None = None) -> tuple[Row, Row, float]:
+    """The one-stream row, the short-streams row and the raw one-stream median; each run on a fresh
+    database, the raw baseline first. ``alone``, when given, gets the bare stream's rate of each rep."""
     n = sizes.sink_events
     eg: list[float] = []
     raw: list[float] = []
-    alone: list[float] = []
     missing = 0
     for rep in range(sizes.reps):
         events = list(script(f"resp_raw_{rep}", n - 3))
         collect()
-        async with sqlite_sink() as (_sink, path):
-            raw.append(n / _raw_sqlite(path, f"resp_raw_{rep}", events))
+        async with db.sink() as (_sink, where):
+            raw.append(n / await db.raw(where, f"resp_raw_{rep}", events))
         del events
         collect()
-        async with sqlite_sink() as (sink, path):
+        async with db.sink() as (sink, where):
             eg.append(n / await timed_guarded(sink, f"resp_eg_{rep}", n))
-            missing += lost(n, sqlite_count(path))
-        alone.append(n / await _stream_alone(n))
+            missing += lost(n, await db.count(where))
+        if alone is not None:
+            alone.append(n / await _stream_alone(n))
     short_n = sizes.short_streams * sizes.short_events
     short_eg: list[float] = []
     short_raw: list[float] = []
     short_missing = 0
     for _rep in range(sizes.reps):
         collect()
-        async with sqlite_sink() as (_sink, path):
-            short_raw.append(short_n / _raw_sqlite_short(path, sizes.short_streams, sizes.short_events))
+        async with db.sink() as (_sink, where):
+            short_raw.append(short_n / await db.raw_short(where, sizes.short_streams, sizes.short_events))
         collect()
-        async with sqlite_sink() as (sink, path):
+        async with db.sink() as (sink, where):
             short_eg.append(short_n / await _short_guarded(sink, sizes.short_streams, sizes.short_events))
-            short_missing += lost(short_n, sqlite_count(path))
-    short = _short_row("2 SQLite", sizes, short_eg, short_raw, short_missing, "raw sqlite3 executemany, WAL")
-    return [
-        Row(
-            "2 SQLite",
-            "guard + SqlSink throughput",
-            median(eg),
-            "ev/s",
-            "raw sqlite3 executemany, WAL",
-            median(raw),
-            ">=",
-            LONG_TARGET,
-            note=f"{n:,} events in one stream; {missing} not in the database over {sizes.reps} runs",
-        ),
-        Row(
-            "2 SQLite",
-            "the stream alone (no guard, no sink)",
-            median(alone),
-            "ev/s",
-            "raw sqlite3 executemany, WAL",
-            median(raw),
-            note="the ceiling for any layer on this stream",
-        ),
-        short,
-    ]
+            short_missing += lost(short_n, await db.count(where))
+    long = Row(
+        db.label,
+        "guard + SqlSink throughput",
+        median(eg),
+        "ev/s",
+        db.baseline,
+        median(raw),
+        ">=",
+        LONG_TARGET,
+        note=f"{n:,} events in one stream; {missing} not in the database over {sizes.reps} runs",
+    )
+    return long, _short_row(db.label, sizes, short_eg, short_raw, short_missing, db.baseline), median(raw)
+
+
+async def run_sqlite(sizes: Sizes) -> list[Row]:
+    alone: list[float] = []
+    long, short, raw = await _measure(_SQLITE, sizes, alone)
+    ceiling = Row(
+        _SQLITE.label,
+        "the stream alone (no guard, no sink)",
+        median(alone),
+        "ev/s",
+        _SQLITE.baseline,
+        raw,
+        note="the ceiling for any layer on this stream",
+    )
+    return [long, ceiling, short]
 
 
 async def run_pg(sizes: Sizes) -> list[Row]:
     why = await pg_unreachable()
     if why is not None:
-        return [Row("3 PostgreSQL", "guard + SqlSink throughput", None, "ev/s", skipped=why)]
-    n = sizes.sink_events
-    eg: list[float] = []
-    raw: list[float] = []
-    missing = 0
-    for rep in range(sizes.reps):
-        events = list(script(f"resp_raw_{rep}", n - 3))
-        collect()
-        async with pg_sink() as (_sink, schema):
-            raw.append(n / await _raw_pg(schema, f"resp_raw_{rep}", events))
-        del events
-        collect()
-        async with pg_sink() as (sink, schema):
-            eg.append(n / await timed_guarded(sink, f"resp_eg_{rep}", n))
-            missing += lost(n, await pg_count(schema))
-    short_n = sizes.short_streams * sizes.short_events
-    short_eg: list[float] = []
-    short_raw: list[float] = []
-    short_missing = 0
-    for _rep in range(sizes.reps):
-        collect()
-        async with pg_sink() as (_sink, schema):
-            short_raw.append(short_n / await _raw_pg_short(schema, sizes.short_streams, sizes.short_events))
-        collect()
-        async with pg_sink() as (sink, schema):
-            short_eg.append(short_n / await _short_guarded(sink, sizes.short_streams, sizes.short_events))
-            short_missing += lost(short_n, await pg_count(schema))
-    short = _short_row(
-        "3 PostgreSQL", sizes, short_eg, short_raw, short_missing, "raw asyncpg copy_records_to_table"
-    )
-    return [
-        Row(
-            "3 PostgreSQL",
-            "guard + SqlSink throughput",
-            median(eg),
-            "ev/s",
-            "raw asyncpg copy_records_to_table",
-            median(raw),
-            ">=",
-            LONG_TARGET,
-            note=f"{n:,} events in one stream; {missing} not in the database over {sizes.reps} runs",
-        ),
-        short,
-    ]
+        return [Row(_PG.label, "guard + SqlSink throughput", None, "ev/s", skipped=why)]
+    long, short, _raw = await _measure(_PG, sizes)
+    return [long, short]

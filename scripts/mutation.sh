@@ -2,7 +2,9 @@
 # Mutation run (cosmic-ray) over the guard, its decision table and its state machine, killed by tests/guard.
 # Runs in throw-away copies of the tree, never in the working tree (cosmic-ray edits files in place): one
 # copy per worker (WORKERS, default: twice the number of cores, since the guard's tests spend much of their
-# time waiting on timers), fed by cosmic-ray's http distributor.
+# time waiting on timers), fed by cosmic-ray's http distributor. DISTRIBUTOR=local runs the mutants one after
+# the other in a single copy with cosmic-ray's local distributor instead (WORKERS is then ignored): slower,
+# but it has no HTTP request that can time out under load, so every mutant gets a verdict.
 # Mutants inside annotations that Python never evaluates are marked skipped first
 # (scripts/cr_skip_annotations.py); docs/mutation.md counts them as equivalent.
 # Usage: bash scripts/mutation.sh [module.py ...]
@@ -17,6 +19,12 @@ py=${PYTHON:-$src/.venv-newest/bin/python}
 bin=${CR_BIN:-$(dirname "$py")}
 [ -x "$bin/cosmic-ray" ] || "$bin/python" -m pip install -q cosmic-ray
 workers=${WORKERS:-$(( 2 * $(nproc) ))}
+distributor=${DISTRIBUTOR:-http}
+case "$distributor" in
+  http) ;;
+  local) workers=1 ;;  # copy 1 only runs the baseline: the local distributor mutates copy 0, where it runs.
+  *) echo "DISTRIBUTOR must be http or local, not $distributor" >&2; exit 2 ;;
+esac
 modules=("$@")
 [ ${#modules[@]} -gt 0 ] || modules=(eventguard/decision.py eventguard/lifecycle.py eventguard/guard/core.py
   eventguard/guard/referee.py eventguard/guard/watchdog.py eventguard/guard/inner.py eventguard/guard/host.py
@@ -32,7 +40,7 @@ for i in $(seq 0 "$workers"); do
   cp -r "$src/eventguard" "$src/tests" "$src/pyproject.toml" "$work/w$i/"
   # The copy must be what the tests import (not the editable install).
   (cd "$work/w$i" && "$py" -c 'import eventguard, sys; assert eventguard.__file__.startswith(sys.argv[1]), eventguard.__file__' "$work/w$i")
-  [ "$i" -eq 0 ] && continue
+  [ "$i" -eq 0 ] || [ "$distributor" = local ] && continue
   port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   (cd "$work/w$i" && exec "$bin/cosmic-ray" http-worker --port "$port" > "$work/worker-$i.log" 2>&1) &
   pids+=($!)
@@ -61,7 +69,9 @@ excluded-modules = []
 test-command = "bash -c '$killers'"
 
 [cosmic-ray.distributor]
-name = "http"
+name = "$distributor"
+TOML
+  [ "$distributor" = local ] || cat >> "cr-$name.toml" <<TOML
 
 [cosmic-ray.distributor.http]
 worker-urls = [$(IFS=,; echo "${urls[*]}")]
@@ -75,7 +85,7 @@ TOML
   echo "=== $module: baseline (every killer, unmutated) $(( $(date +%s) - started ))s; timeout ${TIMEOUT:-30}s"
   started=$(date +%s)
   "$bin/cosmic-ray" exec "cr-$name.toml" "cr-$name.sqlite"
-  echo "=== $module: $(( $(date +%s) - started ))s with $workers workers"
+  echo "=== $module: $(( $(date +%s) - started ))s with the $distributor distributor ($workers workers)"
   "$bin/cr-report" "cr-$name.sqlite" --show-pending | tail -n 4
   "$bin/cr-report" "cr-$name.sqlite" > "$work/report-$name.txt" || true
   echo "survivors of $module (full report: $work/report-$name.txt):"

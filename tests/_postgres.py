@@ -1,6 +1,7 @@
 """The PostgreSQL server the suites share (127.0.0.1:5432, trust auth, database ``test``).
 
-Each test that needs it gets a fresh schema of its own (:func:`fresh_schema`), dropped after; it skips,
+Each test that needs it gets a fresh schema of its own (:func:`fresh_schema`, or
+:func:`fresh_schema_sync` for sync tests that make event loops of their own), dropped after; it skips,
 saying why, only where no server is reachable.
 """
 
@@ -8,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import pytest
@@ -43,16 +44,33 @@ async def execute(sql: str, *args: Any) -> Any:
             await conn.close()
 
 
-@asynccontextmanager
-async def fresh_schema(prefix: str) -> AsyncIterator[str]:
-    """A new schema named ``<prefix>_<random>``, dropped afterwards; skips (with the reason) when no
-    server is reachable."""
+async def _create_schema(prefix: str) -> str:
+    """A new schema named ``<prefix>_<random>``; skips (with the reason) when no server is reachable."""
     why = await unreachable()
     if why is not None:
         pytest.skip(why)
     schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
     await execute(f'CREATE SCHEMA "{schema}"')
+    return schema
+
+
+@asynccontextmanager
+async def fresh_schema(prefix: str) -> AsyncIterator[str]:
+    """A new schema named ``<prefix>_<random>``, dropped afterwards; skips (with the reason) when no
+    server is reachable."""
+    schema = await _create_schema(prefix)
     try:
         yield schema
     finally:
         await execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@contextmanager
+def fresh_schema_sync(prefix: str) -> Iterator[str]:
+    """:func:`fresh_schema` for a sync test or fixture: making and dropping the schema are each an
+    ``asyncio.run()`` of their own, so no loop is left open while the test runs loops of its own."""
+    schema = asyncio.run(_create_schema(prefix))
+    try:
+        yield schema
+    finally:
+        asyncio.run(execute(f'DROP SCHEMA "{schema}" CASCADE'))

@@ -6,6 +6,7 @@ a counting sink, bounded drains. Scripted streams themselves come from the publi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -107,6 +108,37 @@ def watchdog_tasks() -> list[asyncio.Task[Any]]:
         for t in asyncio.all_tasks()
         if getattr(t.get_coro(), "__qualname__", "") == "Watchdog._watch" and not t.done()
     ]
+
+
+class ClaimsEveryClass(type):
+    """A metaclass whose classes claim to equal every class: such a class is told from ``str`` or
+    ``GeneratorExit`` only by identity, which is how the guard compares classes."""
+
+    def __eq__(cls, other: object) -> bool:
+        return True
+
+    __hash__ = type.__hash__
+
+
+class TaskEqualToAny(asyncio.Task[Any]):
+    """A task that claims to equal any object, other tasks included (see :func:`tasks_equal_to_any`)."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = asyncio.Task.__hash__
+
+
+@contextlib.asynccontextmanager
+async def tasks_equal_to_any() -> AsyncIterator[None]:
+    """While inside, the running loop makes every new task a :class:`TaskEqualToAny` (a task factory,
+    as an application may install): the guard must tell tasks apart by identity."""
+    loop = asyncio.get_running_loop()
+    loop.set_task_factory(lambda loop, coro, **kw: TaskEqualToAny(coro, loop=loop, **kw))
+    try:
+        yield
+    finally:
+        loop.set_task_factory(None)
 
 
 class PlainSignal:

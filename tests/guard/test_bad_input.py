@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from eventguard import State, guard
+from eventguard import Cause, State, guard
 from eventguard.testing.streams import (
     Scripted,
     event,
@@ -19,6 +19,7 @@ from eventguard.testing.streams import (
 )
 
 from .helpers import (
+    collect,
     drain,
 )
 
@@ -134,3 +135,54 @@ async def test_bytes_that_are_not_utf8_in_a_snapshot_neither_stop_the_stream_nor
     orjson.dumps(written)
     assert "not_serialisable" in [a.kind for a in g.lifecycle.anomalies]
     assert g.lifecycle.state is State.FAILED
+
+
+class _Halt(BaseException):
+    """A BaseException that is none of asyncio's or the host's."""
+
+
+class _TypeRaises:
+    """An event object whose ``type`` cannot be read."""
+
+    @property
+    def type(self) -> str:
+        raise RuntimeError("reading the type failed")
+
+
+class _TypeRaisesBase:
+    """An event object whose ``type`` raises a BaseException when read."""
+
+    @property
+    def type(self) -> str:
+        raise _Halt("reading the type failed")
+
+
+class _LookupRaisesBase:
+    """An event whose ``event["type"]`` raises a BaseException."""
+
+    def __getitem__(self, key: str) -> Any:
+        raise _Halt("reading the type failed")
+
+
+@pytest.mark.parametrize(
+    ("odd", "error"),
+    [(_TypeRaises(), RuntimeError), (_TypeRaisesBase(), _Halt), (_LookupRaisesBase(), _Halt)],
+)
+async def test_an_event_whose_type_cannot_be_read_is_the_guards_own_error_recorded_and_raised(
+    odd: object, error: type[BaseException]
+) -> None:
+    """Reading an event's type is the guard's own work, so what it raises is the guard's error (phase 1
+    of the hot loop): the stream ends failed with that error, the inner stream is closed, the error goes
+    through. Not the inner stream's ending (a BaseException from the inner stream is ``interrupted``
+    for recovery), and not an error thrown in by the consumer (which records nothing of its own).
+    Iterated without ``async with``, whose exit would record an ending for the consumer's error.
+    Origin: the 2026-12-02 mutation run over core.py (``phase = 1`` made 2 or 0 in both of the hot
+    loop's ``except`` clauses around the type's lookup; the ``except BaseException`` clause made one
+    that never matches)."""
+    events = stream_events(1)
+    g = guard(Scripted([*events[:3], odd, *events[3:]]), asyncio.Event())
+    with pytest.raises(error, match="reading the type failed"):
+        await collect(g)
+    assert (g.lifecycle.state, g.lifecycle.cause) == (State.FAILED, Cause.ERROR)
+    assert g.lifecycle.error is not None and g.lifecycle.error.message == "reading the type failed"
+    assert g.inner_closed == 1

@@ -5,11 +5,12 @@ read by the flags at the moment it lands.
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from eventguard import State, guard
+from eventguard import Cause, State, guard
 from eventguard.testing.streams import (
     Scripted,
     block_ignoring_signal,
@@ -118,3 +119,36 @@ async def test_a_dropped_event_does_not_change_how_a_later_cancel_is_read() -> N
     g = guard(inner, sig, cancel_grace=0.05)
     await drain(g)  # the watchdog's cancel is taken back: no CancelledError here
     assert [a.kind for a in g.lifecycle.anomalies] == ["not_a_mapping", "stuck"]
+
+
+async def test_a_cancel_after_object_events_on_the_hot_path_is_a_cancel() -> None:
+    """Attribute-style events (the openai SDK's are pydantic objects) take the hot path from the second
+    of a type on; a cancel that lands while the guard pulls the next event is still the inner stream's
+    ending, a cancel, not the guard's own error. Origin: the 2026-12-02 mutation run over core.py (the
+    hot loop's ``phase = 0`` after an object's type was read, made 1: that cancel was recorded failed)."""
+    delta = SimpleNamespace(type="response.output_text.delta", delta="x")
+    pulled = asyncio.Event()
+
+    async def inner() -> Any:
+        yield CREATED_R1
+        yield delta  # the slow path: its type joins the hot set
+        yield delta  # the hot path, read by attribute
+        pulled.set()
+        await asyncio.Event().wait()  # the consumer's task is cancelled here
+
+    g = guard(inner(), asyncio.Event())
+    seen: list[Any] = []
+
+    async def consume() -> None:
+        async with g:
+            async for e in g:
+                seen.append(e)
+
+    task = asyncio.create_task(consume())
+    async with asyncio.timeout(5):
+        await pulled.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert seen == [CREATED_R1, delta, delta]
+    assert (g.lifecycle.state, g.lifecycle.cause) == (State.CANCELLED, Cause.CLIENT_CANCEL)

@@ -17,6 +17,7 @@ from eventguard.testing.streams import (
 )
 
 from .helpers import (
+    ClaimsEveryClass,
     CountingSink,
     OwningIterable,
     drain,
@@ -183,20 +184,29 @@ async def test_closing_the_guard_finishes_the_iterator_it_handed_out() -> None:
     assert it.ag_frame is None  # finished in that call, not left suspended for the garbage collector
 
 
-async def test_an_exception_thrown_in_at_a_hand_over_ends_the_stream_by_that_exception() -> None:
+class _SaysItIsGeneratorExit(Exception, metaclass=ClaimsEveryClass):
+    """An error whose class claims to equal every class, ``GeneratorExit`` included."""
+
+
+@pytest.mark.parametrize("error", [ValueError, _SaysItIsGeneratorExit])
+async def test_an_exception_thrown_in_at_a_hand_over_ends_the_stream_by_that_exception(
+    error: type[Exception],
+) -> None:
     """An exception a consumer throws into the guard's iterator (``athrow``, as a combinator may) is not
     the inner stream's ending and not a close: it goes through untouched, and the stream ends by it when
     the ``async with`` body it leaves ends: an error, not a consumer that walked away.
 
     Origin: a mutant that survived the run over guard/core.py (docs/mutation.md): ``exc.__class__ is
-    GeneratorExit and ...`` becoming ``or`` recorded ``closed_early`` at the throw."""
+    GeneratorExit and ...`` becoming ``or`` recorded ``closed_early`` at the throw; the 2026-12-02 run
+    over core.py: ``exc.__class__ is GeneratorExit`` becoming ``==`` took an error whose class claims to
+    equal ``GeneratorExit`` for a close."""
     inner = Scripted(stream_events(3))
     g = guard(inner, asyncio.Event())
     async with asyncio.timeout(5):
-        with pytest.raises(ValueError, match="thrown in"):
+        with pytest.raises(error, match="thrown in"):
             async with g:
                 it = aiter(g)
                 await anext(it)
-                await it.athrow(ValueError("thrown in"))
+                await it.athrow(error("thrown in"))
     assert (g.lifecycle.state, g.lifecycle.cause) == (State.FAILED, Cause.ERROR)
     assert inner.closes == 1

@@ -15,6 +15,7 @@ from eventguard.guard.referee import Referee
 from eventguard.testing.streams import Scripted, stream_events, terminal
 
 from .helpers import (
+    ClaimsEveryClass,
     drain,
 )
 
@@ -97,3 +98,38 @@ async def test_an_event_type_that_is_a_str_subclass_never_joins_the_hot_path(
     out = await drain(guard(Scripted(events), asyncio.Event()))
     assert out == events
     assert [t for t in seen if type(t) is Tag] == [delta] * 3
+
+
+async def test_an_object_events_type_whose_class_claims_to_be_str_never_joins_the_hot_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hot path takes an object event's type only when its class is ``str`` itself, not a class that
+    says it equals ``str``: such a type may hash and compare as a hot type does, and is looked at on the
+    slow path every time, and forwarded as it is.
+
+    Origin: the 2026-12-02 mutation run over core.py: ``etype.__class__ is str`` becoming ``==`` took it
+    onto the hot path."""
+
+    class OddType(metaclass=ClaimsEveryClass):
+        """Hashes and compares as ``"response.output_text.delta"``; no str."""
+
+        def __eq__(self, other: object) -> bool:
+            return other == "response.output_text.delta"
+
+        def __hash__(self) -> int:
+            return hash("response.output_text.delta")
+
+    odd = SimpleNamespace(type=OddType(), delta="x")
+    seen: list[Any] = []
+    slow = Referee.event
+
+    def counting(self: Referee, e: Any) -> Any:
+        seen.append(e)
+        return slow(self, e)
+
+    monkeypatch.setattr(Referee, "event", counting)
+    first = {"type": "response.output_text.delta", "delta": "d"}  # its type joins the hot set
+    events = [*stream_events(0, final=None), first, odd, odd, terminal()]
+    out = await drain(guard(Scripted(events), asyncio.Event()))
+    assert [e is odd for e in out].count(True) == 2
+    assert [e is odd for e in seen].count(True) == 2

@@ -14,6 +14,7 @@ record and the forwarded stream never disagree.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,6 +22,8 @@ import pytest
 
 from eventguard import Cause, Lifecycle, State, guard
 from eventguard.testing.streams import event, host_context, terminal
+
+from .helpers import tasks_equal_to_any
 
 BOUND = 5.0
 GRACE = 0.05
@@ -79,13 +82,19 @@ def step_with_anext_default(it: Any) -> Any:
     [step_with_wait_for, step_in_a_task, step_with_ensure_future, step_with_anext_default],
     ids=["wait_for(anext(it))", "create_task(anext(it))", "ensure_future(it.__anext__())", "anext(it, None)"],
 )
-async def test_a_consumer_stepping_in_a_task_per_step_is_unstuck_after_a_client_cancel(step: Any) -> None:
+@pytest.mark.parametrize("equal_tasks", [False, True], ids=["", "tasks equal to any"])
+async def test_a_consumer_stepping_in_a_task_per_step_is_unstuck_after_a_client_cancel(
+    step: Any, equal_tasks: bool
+) -> None:
+    """``equal_tasks``: under a task factory whose tasks claim to equal any other, the step's task is
+    still found (origin: the 2026-12-02 mutation run over watchdog.py: ``task is not hint`` becoming
+    ``!=`` in ``waiting_task`` found no task, and the step stayed blocked)."""
     signal, ctx = asyncio.Event(), host_context()
     g = guard(blocked_model_call(), signal, context=ctx, cancel_grace=GRACE)
     it = aiter(g)
     me = asyncio.current_task()
     assert me is not None
-    async with asyncio.timeout(BOUND):
+    async with asyncio.timeout(BOUND), tasks_equal_to_any() if equal_tasks else contextlib.nullcontext():
         first = await step(it)  # the first step's task is done from here on
         assert first is CREATED
         asyncio.get_running_loop().call_later(0.02, client_cancel, ctx, signal)
@@ -324,6 +333,80 @@ async def test_the_watchdog_never_cancels_a_task_it_cannot_see_inside_the_guard(
     last = stop.value.value
     assert (last["type"], last["response"]["status"]) == ("response.failed", "failed")
     assert [a.kind for a in g.lifecycle.anomalies] == ["stuck", "duplicate_terminal"]
+
+
+class _ClaimsToBeAnything:
+    """What a coroutine awaiting :class:`_Bystanding` shows as its ``cr_await``: it delegates to a
+    future, and claims to equal any object (the guard's generator included)."""
+
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self._it = fut.__await__()
+
+    def __iter__(self) -> _ClaimsToBeAnything:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._it)
+
+    def send(self, value: Any) -> Any:
+        return self._it.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._it.throw(*args)
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = object.__hash__
+
+
+class _Bystanding:
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self.fut = fut
+
+    def __await__(self) -> Any:
+        return _ClaimsToBeAnything(self.fut)
+
+
+async def test_a_task_awaiting_something_that_claims_to_be_the_guard_is_not_taken_for_its_step() -> None:
+    """The chain of awaits is matched to the guard's generator by identity: a task elsewhere that awaits an
+    object claiming to equal anything is not inside the guard, and is never cancelled; the stuck ending is
+    recorded without interrupting anyone, as when no task is inside the step.
+
+    Origin: the 2026-12-02 mutation run over watchdog.py: ``obj is gen`` becoming ``==`` in
+    ``awaits_through`` cancelled that task."""
+    signal, release = asyncio.Event(), asyncio.Event()
+
+    async def inner() -> AsyncIterator[Any]:
+        yield CREATED
+        await release.wait()
+        yield terminal()
+
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+
+    async def bystander() -> None:
+        await _Bystanding(fut)
+
+    other = asyncio.create_task(bystander())
+    g = guard(inner(), signal, context=host_context(), cancel_grace=GRACE)
+    async with asyncio.timeout(BOUND):
+        await asyncio.sleep(0)  # the bystander is waiting
+        assert await g.__anext__() is CREATED
+        step = g.__anext__()
+        step.send(None)  # suspended inside the inner stream's await, in no task's chain of awaits
+        signal.set()
+        await asyncio.sleep(3 * GRACE)
+        assert other.cancelling() == 0 and not other.done()
+        assert (g.lifecycle.state, g.lifecycle.cause) == (State.FAILED, Cause.STUCK)
+        fut.set_result(None)
+        await other
+        release.set()
+        await asyncio.sleep(0)
+        with pytest.raises(StopIteration):
+            step.send(None)
+        await g.aclose()
+    assert "could be found" in g.lifecycle.anomalies[0].reason
 
 
 # -- (d) how far a chain of awaits is followed -----------------------------------------------------

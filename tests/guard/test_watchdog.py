@@ -33,6 +33,7 @@ from .helpers import (
     collect,
     drain,
     stuck_inner,
+    tasks_equal_to_any,
     watchdog_tasks,
     watchdog_timers,
 )
@@ -77,6 +78,20 @@ async def test_the_watchdog_does_not_outlive_the_guard() -> None:
     await drain(g)
     await asyncio.sleep(0)  # let the cancelled watchdog unwind
     assert len(watchdog_tasks()) == before
+
+
+async def test_the_watchdog_does_not_outlive_the_guard_when_tasks_claim_to_equal_each_other() -> None:
+    """The watchdog tells its own task from the caller's by identity: under a task factory whose tasks
+    claim to equal any other, ending the guard still stops the watchdog.
+
+    Origin: the 2026-12-02 mutation run over watchdog.py: ``task is not asyncio.current_task()`` becoming
+    ``!=`` in ``stop()`` left the watchdog's task waiting for a cause for ever."""
+    before = len(watchdog_tasks())
+    async with tasks_equal_to_any():
+        g = guard(Scripted(stream_events(2)), asyncio.Event(), cancel_grace=5.0)
+        await drain(g)
+        await asyncio.sleep(0)  # let the cancelled watchdog unwind
+        assert len(watchdog_tasks()) == before
 
 
 async def test_shutdown_alone_arms_the_watchdog_when_the_host_stops_iterating() -> None:

@@ -9,14 +9,13 @@ two real event loops, one after the other (as a CLI, a test runner or a worker's
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from eventguard.provider import SqlResponseProvider
-from tests._postgres import PG_URL, execute, unreachable
+from tests._postgres import PG_URL, fresh_schema_sync
 
 from .test_parity_with_the_hosts_store import envelope, item, out
 
@@ -29,15 +28,8 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[s
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'p.db'}", None
         return
-    why = asyncio.run(unreachable())
-    if why is not None:
-        pytest.skip(why)
-    schema = f"eg_loops_{uuid.uuid4().hex[:12]}"
-    asyncio.run(execute(f'CREATE SCHEMA "{schema}"'))
-    try:
+    with fresh_schema_sync("eg_loops") as schema:
         yield PG_URL, schema
-    finally:
-        asyncio.run(execute(f'DROP SCHEMA "{schema}" CASCADE'))
 
 
 def test_a_provider_started_in_one_loop_answers_every_call_in_the_next(

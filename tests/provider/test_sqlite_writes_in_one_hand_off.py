@@ -11,36 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 from azure.ai.agentserver.responses.store._base import ResponseAlreadyExistsError
 
 from eventguard.provider import ProviderStorageError, SqlResponseProvider
-from eventguard.sql.sqlite_thread import SqliteThread
+from tests._sqlite_trips import hand_offs
 
 from .test_parity_with_the_hosts_store import envelope, item, out
 from .test_sqlite_reads_in_one_trip import trips
-
-
-@contextmanager
-def hand_offs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """One entry per transaction handed to a writer thread."""
-    seen: list[str] = []
-    real: Any = SqliteThread.transaction
-
-    async def counted(self: SqliteThread, job: Any) -> Any:
-        seen.append(self.path.name)
-        return await real(self, job)
-
-    monkeypatch.setattr(SqliteThread, "transaction", counted)
-    try:
-        yield seen
-    finally:
-        monkeypatch.setattr(SqliteThread, "transaction", real)
 
 
 async def test_each_write_on_sqlite_is_one_hand_off_and_no_driver_trip(
@@ -53,7 +33,7 @@ async def test_each_write_on_sqlite_is_one_hand_off_and_no_driver_trip(
             await provider.create_response(envelope("resp_1"), [item("i1"), item("i2")], ["h1"])
             await provider.update_response(envelope("resp_1", status="completed", output=[out("o1")]))
             await provider.delete_response("resp_1")
-        assert handed == ["p.db"] * 3
+        assert [h.file for h in handed] == ["p.db"] * 3
         assert driver == []
         # ... and every one of them is on disk, read by another connection.
         with sqlite3.connect(tmp_path / "p.db") as raw:

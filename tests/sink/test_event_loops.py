@@ -9,7 +9,6 @@ import asyncio
 import gc
 import logging
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,22 +20,9 @@ from eventguard.errors import SinkLoopError
 from eventguard.sink import SqlSink
 from eventguard.sql import engine as _db
 from eventguard.sql.tables import events, responses
-from tests._postgres import PG_URL, execute, unreachable
+from tests._postgres import PG_URL, fresh_schema_sync
 
 from .helpers import run_guarded, script
-
-
-def _pg_schema() -> Iterator[str]:
-    # Sync (each step its own asyncio.run): the tests here make event loops of their own.
-    why = asyncio.run(unreachable())
-    if why is not None:
-        pytest.skip(why)
-    schema = f"eg_test_{uuid.uuid4().hex[:12]}"
-    asyncio.run(execute(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield schema
-    finally:
-        asyncio.run(execute(f'DROP SCHEMA "{schema}" CASCADE'))
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -46,7 +32,7 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, 
     if request.param == "sqlite":
         yield {"url": f"sqlite+aiosqlite:///{tmp_path / 'eg.db'}", "schema": None, "spool_path": spool}
     else:
-        for schema in _pg_schema():
+        with fresh_schema_sync("eg_test") as schema:
             yield {"url": PG_URL, "schema": schema, "spool_path": spool}
 
 

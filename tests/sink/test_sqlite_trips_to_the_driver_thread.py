@@ -14,9 +14,7 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import aiosqlite
 import pytest
@@ -25,32 +23,11 @@ from sqlalchemy.exc import OperationalError
 from eventguard.sink import SqlSink
 from eventguard.sql import engine as _db
 from eventguard.sql.classify import ErrorKind, classify
-from eventguard.sql.sqlite_thread import SqliteThread
 from eventguard.sql.tables import events, responses
-from tests._sqlite_trips import trips
+from tests._sqlite_trips import hand_offs, trips
 
 from .conftest import Target
 from .helpers import run_guarded, script
-
-
-@contextlib.contextmanager
-def hand_offs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """The thread each job handed to the SQLite writer thread ran on, in order."""
-    ran_on: list[int] = []
-    real = SqliteThread.call
-
-    async def counted(self: SqliteThread, job: Any) -> Any:
-        def watched(conn: Any) -> Any:
-            ran_on.append(threading.get_ident())
-            return job(conn)
-
-        return await real(self, watched)
-
-    monkeypatch.setattr(SqliteThread, "call", counted)
-    try:
-        yield ran_on
-    finally:
-        monkeypatch.setattr(SqliteThread, "call", real)
 
 
 async def test_a_write_cycle_is_one_hand_off_to_the_writer_thread_and_none_to_aiosqlite(
@@ -74,7 +51,7 @@ async def test_a_write_cycle_is_one_hand_off_to_the_writer_thread_and_none_to_ai
     assert cycles >= 1
     assert seen == [], seen  # no trip to aiosqlite's thread
     assert len(ran_on) == cycles, ran_on  # one hand-off per transaction
-    assert threading.get_ident() not in ran_on  # never on the event loop's thread
+    assert threading.get_ident() not in {h.thread for h in ran_on}  # never on the event loop's thread
 
 
 async def test_a_database_locked_by_another_process_spools_the_batch_from_the_writer_thread(

@@ -154,6 +154,14 @@ async def started_on(conn: Any, response_id: str) -> None:
     await poll(lambda: conn.fetchval(sql, f'"{response_id}"'), "the lease")
 
 
+async def started_run(conn: Any, owner: Lifetime, text: str = "hang") -> str:
+    """The id of a background response POSTed to ``owner`` (answered 200), once its lease is taken."""
+    rid = new_id()
+    assert (await post(owner.base_url, text, rid)).status_code == 200
+    await started_on(conn, rid)
+    return rid
+
+
 @pytest.mark.postgres
 async def test_a_post_reusing_an_id_live_or_stored_on_another_replica_gets_the_owners_409(
     db: tuple[Database, Any], tmp_path: Path
@@ -161,9 +169,7 @@ async def test_a_post_reusing_an_id_live_or_stored_on_another_replica_gets_the_o
     database, conn = db
     async with AsyncExitStack() as stack:
         a, b = await replicas(stack, database, tmp_path, 2)
-        rid = new_id()
-        assert (await post(a.base_url, "hang", rid)).status_code == 200
-        await started_on(conn, rid)
+        rid = await started_run(conn, a)
         on_owner, elsewhere = await post(a.base_url, "hang", rid), await post(b.base_url, "hang", rid)
         assert on_owner.status_code == elsewhere.status_code == 409
         assert elsewhere.json()["error"]["code"] == on_owner.json()["error"]["code"] == "response_id_conflict"
@@ -181,9 +187,7 @@ async def test_a_delete_of_a_response_in_flight_on_another_replica_is_refused_as
     database, conn = db
     async with AsyncExitStack() as stack:
         a, b = await replicas(stack, database, tmp_path, 2)
-        rid = new_id()
-        assert (await post(a.base_url, "hang", rid)).status_code == 200
-        await started_on(conn, rid)
+        rid = await started_run(conn, a)
         async with httpx.AsyncClient(timeout=STEP) as http:
             owner = await http.delete(f"{a.base_url}/responses/{rid}")
             other = await http.delete(f"{b.base_url}/responses/{rid}")
@@ -200,9 +204,7 @@ async def test_a_cancel_on_another_replica_reaches_the_owner_as_a_client_cancel_
     database, conn = any_db
     async with AsyncExitStack() as stack:
         a, b = await replicas(stack, database, tmp_path, 2)
-        rid = new_id()
-        assert (await post(a.base_url, "hang", rid)).status_code == 200
-        await started_on(conn, rid)
+        rid = await started_run(conn, a)
         async with client(b.base_url) as cb, client(a.base_url) as ca, asyncio.timeout(STEP):
             cancelled = await cb.responses.cancel(rid)
             assert cancelled.status == "cancelled"
@@ -248,9 +250,7 @@ async def test_a_cancel_on_another_replica_reaches_an_owner_whose_lease_renewal_
 
 async def killed_mid_run(conn: Any, owner: Any) -> str:
     """A background response started on ``owner``, which is SIGKILLed once it has run a moment."""
-    rid = new_id()
-    assert (await post(owner.base_url, "hang", rid)).status_code == 200
-    await started_on(conn, rid)
+    rid = await started_run(conn, owner)
     await asyncio.sleep(0.5)  # let the sink flush the first events
     owner.process.send_signal(signal.SIGKILL)
     return rid
@@ -324,9 +324,7 @@ async def test_a_paused_replica_past_its_lease_cannot_overwrite_the_survivors_de
     database, conn = db
     async with AsyncExitStack() as stack:
         a, b = await replicas(stack, database, tmp_path, 2)
-        rid = new_id()
-        assert (await post(a.base_url, "slow", rid)).status_code == 200
-        await started_on(conn, rid)
+        rid = await started_run(conn, a, "slow")
         a.process.send_signal(signal.SIGSTOP)
         try:
             ended = "SELECT 1 FROM eventguard_leases WHERE response_id = $1 AND state = 'ended'"
