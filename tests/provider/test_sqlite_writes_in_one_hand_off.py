@@ -21,9 +21,9 @@ from azure.ai.agentserver.responses.store._base import ResponseAlreadyExistsErro
 
 from eventguard.provider import ProviderStorageError, SqlResponseProvider
 from eventguard.sql.sqlite_thread import SqliteThread
+from tests._sqlite_trips import trips
 
 from .test_parity_with_the_hosts_store import envelope, item, out
-from .test_sqlite_reads_in_one_trip import trips
 
 
 @contextmanager
