@@ -88,7 +88,6 @@ from sqlalchemy import (
     delete,
     exists,
     func,
-    inspect,
     literal,
     select,
     union_all,
@@ -392,20 +391,18 @@ class SqlResponseProvider:
                 await self._start()
 
     async def _start(self) -> None:
+        # The check, and the creation or upgrade it calls for, decided under the migration lock
+        # (one migration at a time in this process; across processes PostgreSQL's advisory lock,
+        # SQLite's write lock): concurrent first calls, here or in another process, create the
+        # schema once and the others find it made.
         try:
-            await _migrate.check(self.engine)
-        except SchemaMismatchError as exc:
-            if not exc.current and self.auto_migrate is not False and not await self._has_tables():
-                try:
-                    await _migrate.upgrade(self.engine)
-                except SQLAlchemyError:
-                    # Another process (the sink, a replica) may be creating it at this moment:
-                    # look again once its transaction has had time to commit.
-                    await self._check_soon()
-            elif exc.current and self.auto_migrate is True:
-                await _migrate.upgrade(self.engine)
-            else:
-                raise
+            await _migrate.prepare(
+                self.engine, auto_migrate=self.auto_migrate, marker_table=provider_responses.name
+            )
+        except SQLAlchemyError:
+            # A migrator that takes no lock (an older eventguard, a hand-run DDL) may be creating
+            # it at this moment: look again once its transaction has had time to commit.
+            await self._check_soon()
         self._ready = True
 
     async def _check_soon(self, attempts: int = 10, pause: float = 0.2) -> None:
@@ -417,10 +414,6 @@ class SqlResponseProvider:
                 if attempt == attempts - 1:
                     raise
                 await asyncio.sleep(pause)
-
-    async def _has_tables(self) -> bool:
-        async with self.engine.connect() as conn:
-            return await conn.run_sync(lambda c: inspect(c).has_table(provider_responses.name))
 
     async def migrate(self, revision: str = "head") -> None:
         """Upgrade the database schema to ``revision`` (what ``eventguard db upgrade`` runs)."""
