@@ -10,9 +10,11 @@ Both stores are warmed up the same way before they are timed: ``WARMUP`` untimed
 three calls (other ids) on the very store instance then timed, so no store's one-time costs (the
 file store's first directories; the SQL provider's first connections, its writer thread's start,
 SQLAlchemy's first compilation of each statement) are among the timed calls. (Until then neither
-was warmed: the first calls of each were timed. A first run of ``--runs 3`` once measured much
-worse than the next two, create 1.07x then 0.41x and 0.27x; that did not happen again in twelve
-runs with or without the warm-up, so its cause, likely the machine's, is not known.)
+was warmed: the first calls of each were timed.) That is not why the first of ``--runs 3`` in one
+process often shows the worst create and update ratios (before the warm-up: create 1.07x, 0.41x,
+0.27x; 1.47x, 0.76x, 0.35x; after it: 0.60x, 0.26x, 0.19x): ten warm-up rounds cannot move the
+median of 100 calls, and the pattern stayed. Its cause is not established; read the later runs
+beside the first.
 """
 
 from __future__ import annotations
