@@ -52,6 +52,10 @@ What the host relies on, and how it holds here (each checked against the install
   ``BEGIN IMMEDIATE`` ... ``COMMIT`` there), not as five trips to aiosqlite's thread. Retention's
   prune on PostgreSQL locks the envelope table against writes (``SHARE ROW EXCLUSIVE``) so it never
   takes what a create in flight is naming.
+- **SQLite reads a response on the loop, without waiting**: ``get_response``'s one indexed SELECT
+  runs on the event loop's thread through a ``sqlite3`` connection that never waits for a lock
+  (``busy_timeout`` 0, ``query_only``), as the host's file store reads its file there; when the
+  database cannot answer at once it is read the ordinary way, on aiosqlite's thread, which waits.
 - **Event loops**: a provider may be used from one ``asyncio.run()`` after another; its own engine's
   pool is let go (``dispose(close=False)``) when the loop changes. A borrowed engine's pool is its
   owner's: dispose of it yourself between loops, as SQLAlchemy advises.
@@ -60,13 +64,17 @@ What the host relies on, and how it holds here (each checked against the install
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
+import sqlite3
+import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
 import aiosqlite
@@ -80,7 +88,6 @@ from sqlalchemy import (
     delete,
     exists,
     func,
-    inspect,
     literal,
     select,
     union_all,
@@ -320,6 +327,10 @@ class SqlResponseProvider:
         self._writer: SqliteThread | None = None
         if self._sqlite and not self._fences_writes():
             self._writer = _db.sqlite_writer(self.url, busy_timeout_ms=int(busy_timeout * 1000))
+        #: SQLite file: ``get_response``'s one SELECT on the event loop's own thread (see
+        #: :class:`_LoopReader`); None where only the engine knows how to open the database.
+        path = _db.sqlite_path(self.url) if self._sqlite and not self.url.query else None
+        self._reader = None if path is None else _LoopReader(path)
         #: The event loop the engine's pooled connections belong to (see :meth:`_on_this_loop`).
         self._loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
 
@@ -380,20 +391,18 @@ class SqlResponseProvider:
                 await self._start()
 
     async def _start(self) -> None:
+        # The check, and the creation or upgrade it calls for, decided under the migration lock
+        # (one migration at a time in this process; across processes PostgreSQL's advisory lock,
+        # SQLite's write lock): concurrent first calls, here or in another process, create the
+        # schema once and the others find it made.
         try:
-            await _migrate.check(self.engine)
-        except SchemaMismatchError as exc:
-            if not exc.current and self.auto_migrate is not False and not await self._has_tables():
-                try:
-                    await _migrate.upgrade(self.engine)
-                except SQLAlchemyError:
-                    # Another process (the sink, a replica) may be creating it at this moment:
-                    # look again once its transaction has had time to commit.
-                    await self._check_soon()
-            elif exc.current and self.auto_migrate is True:
-                await _migrate.upgrade(self.engine)
-            else:
-                raise
+            await _migrate.prepare(
+                self.engine, auto_migrate=self.auto_migrate, marker_table=provider_responses.name
+            )
+        except SQLAlchemyError:
+            # A migrator that takes no lock (an older eventguard, a hand-run DDL) may be creating
+            # it at this moment: look again once its transaction has had time to commit.
+            await self._check_soon()
         self._ready = True
 
     async def _check_soon(self, attempts: int = 10, pause: float = 0.2) -> None:
@@ -406,10 +415,6 @@ class SqlResponseProvider:
                     raise
                 await asyncio.sleep(pause)
 
-    async def _has_tables(self) -> bool:
-        async with self.engine.connect() as conn:
-            return await conn.run_sync(lambda c: inspect(c).has_table(provider_responses.name))
-
     async def migrate(self, revision: str = "head") -> None:
         """Upgrade the database schema to ``revision`` (what ``eventguard db upgrade`` runs)."""
         await _migrate.upgrade(self.engine, revision)
@@ -419,6 +424,8 @@ class SqlResponseProvider:
         the SQLite writer thread."""
         if self._writer is not None:
             await self._writer.close()  # a later call starts it again
+        if self._reader is not None:
+            self._reader.close()  # a later call opens it again
         if self._owns_engine and self._engine is not None:
             engine, self._engine = self._engine, None
             await engine.dispose()
@@ -597,7 +604,11 @@ class SqlResponseProvider:
         r = provider_responses
         body: str | None
         if self._sqlite:
-            rows = await self._read_sqlite(_SQLITE_GET_BODY, (part, key))
+            rows = None
+            if self._reader is not None and self._ready:
+                rows = self._reader.fetch(_SQLITE_GET_BODY, (part, key))
+            if rows is None:  # not started yet, or the database did not answer at once
+                rows = await self._read_sqlite(_SQLITE_GET_BODY, (part, key))
             body = rows[0][0] if rows else None
         else:
             async with self._tx("read") as conn:
@@ -1136,13 +1147,75 @@ def _chain_query() -> Select[Any]:
 _HISTORY_QUERY = _history_query()
 _CHAIN_QUERY = _chain_query()
 
-#: ``get_response`` on SQLite in one statement straight to the driver (see ``_read_sqlite``).
+#: ``get_response`` on SQLite in one statement (see ``_LoopReader``, and ``_read_sqlite`` when it cannot).
 _SQLITE_GET_BODY = (
     f"SELECT body FROM {provider_responses.name} WHERE partition = ? AND response_key = ? AND deleted = 0"
 )
 
 #: Envelope statuses that have ended (the host's terminal statuses).
 _ENDED_ENVELOPE = ("completed", "incomplete", "failed", "cancelled")
+
+
+class _LoopReader:
+    """``get_response``'s one indexed SELECT on an SQLite file, run on the event loop's own thread
+    through a stdlib ``sqlite3`` connection of its own: no hand-off to a driver thread at all.
+
+    Why: the read is a few B-tree pages (tens of microseconds), while a hand-off to aiosqlite's
+    thread and back is two thread wake-ups. Since the provider's writes moved to the writer thread
+    (a connection of their own), aiosqlite's thread sleeps between reads, and waking it was most of
+    a read's time (issue 15's benchmark: 1.2 to 2.5x the host's file store, which reads its JSON
+    file on the loop as well). This connection never waits: ``busy_timeout`` 0, so a database it
+    cannot read at once (another connection holding it exclusively, a WAL being recovered) raises
+    at once, and :meth:`fetch` answers None: the caller then reads the ordinary way, off the loop,
+    waiting as the engine waits. Any other ``sqlite3`` error does the same (and drops the
+    connection), so a broken database is still reported by the engine's path, as before.
+    ``query_only``: nothing is ever written through it. Under WAL, reading never blocks a writer.
+    """
+
+    __slots__ = ("_conn", "_lock", "_path")
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._conn: sqlite3.Connection | None = None
+        # Two loops on two threads may share a provider: one sqlite3 connection is used by one
+        # thread at a time; the other reads the ordinary way meanwhile (never waits here).
+        self._lock = threading.Lock()
+
+    def fetch(self, sql: str, params: tuple[str, ...]) -> list[Any] | None:
+        """Every row of ``sql`` (one statement, its own snapshot), or None: read it another way."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            conn = self._conn if self._conn is not None else self._open()
+            # fetchall, not fetchone: a statement stepped to its end is reset, which ends its read
+            # transaction; one left open would pin its WAL snapshot (no checkpoint past it).
+            return conn.execute(sql, params).fetchall()
+        except sqlite3.Error:
+            self._drop()
+            return None
+        finally:
+            self._lock.release()
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self._path, timeout=0, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA query_only = ON")
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        return conn
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+
+    def close(self) -> None:
+        """Close the connection (the next :meth:`fetch` opens another)."""
+        with self._lock:
+            self._drop()
 
 
 def _sqlite_update(conn: SqliteConnection, part: str, key: str, prepared: _Prepared, now: datetime) -> bool:

@@ -18,6 +18,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 
 from eventguard.sql.engine import create_engine, resolve_url
+from eventguard.sql.migrate import hold_migration_lock
 from eventguard.sql.tables import VERSION_TABLE, metadata
 
 config = context.config
@@ -61,6 +62,9 @@ def run_migrations_offline() -> None:
 
 
 def do_run_migrations(connection: Connection) -> None:
+    # Before anything is read: two processes' migrations of one database run one after the
+    # other (eventguard.sql.migrate.hold_migration_lock; a no-op if the caller holds it already).
+    hold_migration_lock(connection)
     context.configure(connection=connection, **_options(connection))
     with context.begin_transaction():
         context.run_migrations()

@@ -14,8 +14,11 @@ the wheel as ``eventguard/_migrations``; both places are looked up, the installe
 
 from __future__ import annotations
 
+import asyncio
 import io
-from collections.abc import Iterator
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -25,6 +28,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import inspect
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -81,17 +85,70 @@ def _run(connection: Connection, direction: str, revision: str) -> None:
         command.downgrade(cfg, revision)
 
 
-async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
+#: One migration at a time in this process, whatever its engine, event loop or thread: Alembic's
+#: ``alembic.context`` is one process-global proxy, so two runs at once (two first calls of a
+#: provider, a sink and a provider starting together) replace each other's context mid-run
+#: (``KeyError: 'config'``) or interleave their DDL. A thread lock, taken by polling so that
+#: waiting never blocks an event loop (see :func:`_one_in_this_process`).
+_IN_PROCESS = threading.Lock()
+
+#: PostgreSQL: the advisory lock two processes' migrations of one schema take, inside the
+#: migration's transaction (released by its commit or rollback). Keyed by eventguard's class and
+#: the schema the transaction writes to, so migrations of different schemas do not wait for each
+#: other. ``coalesce``: ``hashtext(NULL)`` would make the call a no-op (the function is strict).
+_PG_MIGRATION_LOCK = (
+    "SELECT pg_advisory_xact_lock("
+    "hashtext('eventguard migrations'), hashtext(coalesce(current_schema(), '')))"
+)
+
+
+@asynccontextmanager
+async def _one_in_this_process() -> AsyncIterator[None]:
+    # Polled, not an asyncio primitive: the holder may be on another event loop, in another thread.
+    while True:
+        if _IN_PROCESS.acquire(blocking=False):
+            break
+        await asyncio.sleep(0.005)
+    try:
+        yield
+    finally:
+        _IN_PROCESS.release()
+
+
+def hold_migration_lock(connection: Connection) -> None:
+    """Serialise this transaction's migration with every other one of the same database, from any
+    process: call it first in the transaction, before the schema's revision is read.
+
+    PostgreSQL: a transaction-level advisory lock (:data:`_PG_MIGRATION_LOCK`), so two processes'
+    upgrades never interleave their DDL, and the second reads the revision the first committed.
+    SQLite: nothing more is needed: eventguard's engines begin every transaction ``IMMEDIATE``, so
+    the migration already holds the database's one write lock (another process waits for it,
+    ``busy_timeout``) before it reads anything.
+    """
+    if connection.dialect.name == "postgresql":
+        connection.exec_driver_sql(_PG_MIGRATION_LOCK)
+
+
+def _locked_run(connection: Connection, direction: str, revision: str) -> None:
+    hold_migration_lock(connection)
+    _run(connection, direction, revision)
+
+
+async def _migrate(engine: AsyncEngine, direction: str, revision: str) -> None:
     # One transaction around the whole run: on both databases DDL is transactional, so a
     # failed migration leaves the schema as it was.
-    async with engine.begin() as conn:
-        await conn.run_sync(_run, "upgrade", revision)
+    async with _one_in_this_process(), engine.begin() as conn:
+        await conn.run_sync(_locked_run, direction, revision)
+
+
+async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
+    """Upgrade to ``revision``, one migration at a time (this process's and other processes')."""
+    await _migrate(engine, "upgrade", revision)
 
 
 async def downgrade(engine: AsyncEngine, revision: str) -> None:
     """Downgrade to ``revision``: an id, a relative step such as ``-1``, or ``base`` (drops every table)."""
-    async with engine.begin() as conn:
-        await conn.run_sync(_run, "downgrade", revision)
+    await _migrate(engine, "downgrade", revision)
 
 
 async def stamp(engine: AsyncEngine, revision: str = "head") -> None:
@@ -99,8 +156,43 @@ async def stamp(engine: AsyncEngine, revision: str = "head") -> None:
 
     For a database whose tables were made another way (restored from a dump, created by hand).
     """
-    async with engine.begin() as conn:
-        await conn.run_sync(_run, "stamp", revision)
+    await _migrate(engine, "stamp", revision)
+
+
+async def prepare(engine: AsyncEngine, *, auto_migrate: bool | None, marker_table: str) -> None:
+    """Make sure the schema is at this package's head, as a store's first use decides it.
+
+    ``auto_migrate`` ``None``: create the schema in an empty database, never upgrade an existing
+    one; ``True``: also upgrade; ``False``: only check. An empty database is one with neither a
+    revision nor ``marker_table`` (tables made another way are not overwritten). Raises
+    :class:`SchemaMismatchError` when the schema is not at head and may not be changed.
+
+    The decision is taken again under the migration lock (:func:`hold_migration_lock`, in the
+    transaction that migrates): two processes' first calls on one empty database create it once,
+    and the second finds it made, instead of reading a half-made schema, interleaving a second
+    upgrade, or taking the first one's tables for someone else's.
+    """
+    try:
+        await check(engine)
+        return
+    except SchemaMismatchError as exc:
+        if auto_migrate is False or (exc.current and auto_migrate is not True):
+            raise
+    async with _one_in_this_process(), engine.begin() as conn:
+        await conn.run_sync(_prepare_locked, auto_migrate, marker_table)
+
+
+def _prepare_locked(connection: Connection, auto_migrate: bool | None, marker_table: str) -> None:
+    hold_migration_lock(connection)
+    current = _current(connection)
+    error = classify(current, expected_heads())
+    if error is None:
+        return  # another process made it while this one waited
+    if current and auto_migrate is not True:
+        raise error
+    if not current and inspect(connection).has_table(marker_table):
+        raise error  # tables without eventguard's revision: not ours to create
+    _run(connection, "upgrade", "head")
 
 
 def upgrade_sql(

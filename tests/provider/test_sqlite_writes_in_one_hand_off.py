@@ -17,10 +17,9 @@ import pytest
 from azure.ai.agentserver.responses.store._base import ResponseAlreadyExistsError
 
 from eventguard.provider import ProviderStorageError, SqlResponseProvider
-from tests._sqlite_trips import hand_offs
+from tests._sqlite_trips import hand_offs, trips
 
 from .test_parity_with_the_hosts_store import envelope, item, out
-from .test_sqlite_reads_in_one_trip import trips
 
 
 async def test_each_write_on_sqlite_is_one_hand_off_and_no_driver_trip(
