@@ -31,6 +31,10 @@ def _insert(conn: AsyncConnection):  # type: ignore[no-untyped-def]
     return (sqlite_dialect if conn.dialect.name == "sqlite" else pg_dialect).insert(leases)
 
 
+#: The columns every read of a lease starts with (see :func:`_lease`).
+_IDENTITY = (L.partition, L.response_key, L.response_id, L.owner, L.fencing_token, L.state)
+
+
 @dataclass(frozen=True)
 class Lease:
     """One lease row as read."""
@@ -193,12 +197,7 @@ async def lease_of(conn: AsyncConnection, partition: str, key: str) -> Lease | N
     row = (
         await conn.execute(
             select(
-                L.partition,
-                L.response_key,
-                L.response_id,
-                L.owner,
-                L.fencing_token,
-                L.state,
+                *_IDENTITY,
                 (L.lease_expires < now).label("expired"),
                 L.cancel_headers,
                 L.background,
@@ -253,12 +252,7 @@ async def take_cancels(conn: AsyncConnection, owner: str) -> list[Lease]:
             )
             .values(cancel_delivered=_now(conn))
             .returning(
-                L.partition,
-                L.response_key,
-                L.response_id,
-                L.owner,
-                L.fencing_token,
-                L.state,
+                *_IDENTITY,
                 L.cancel_headers,
             )
         )

@@ -439,6 +439,16 @@ async def _read_events(lines: AsyncIterator[str], n: int) -> list[dict[str, Any]
 REPLAY_ELSEWHERE = "This response was streamed by another replica"
 
 
+@contextlib.asynccontextmanager
+async def streamed(
+    http: httpx.AsyncClient, base: str, text: str, rid: str
+) -> AsyncIterator[AsyncIterator[str]]:
+    """A background streamed response of ``text`` posted with the id ``rid``: its SSE lines."""
+    body = {"model": "m", "input": text, "stream": True, "background": True}
+    async with http.stream("POST", f"{base}/responses", json=body, headers={"x-agent-response-id": rid}) as s:
+        yield s.aiter_lines()
+
+
 @pytest.mark.postgres
 async def test_a_replay_on_another_replica_says_only_the_replica_that_ran_it_can_serve_it(
     db: tuple[Database, Any], tmp_path: Path
@@ -447,12 +457,8 @@ async def test_a_replay_on_another_replica_says_only_the_replica_that_ran_it_can
     async with AsyncExitStack() as stack:
         a, b = await replicas(stack, database, tmp_path, 2)
         rid = new_id()
-        body = {"model": "m", "input": "slow", "stream": True, "background": True}
         async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP):
-            async with http.stream(
-                "POST", f"{a.base_url}/responses", json=body, headers={"x-agent-response-id": rid}
-            ) as streaming:
-                lines = streaming.aiter_lines()
+            async with streamed(http, a.base_url, "slow", rid) as lines:
                 live = await _read_events(lines, 3)  # created, in_progress, the message item
                 await started_on(conn, rid)
                 # The sink's row says background and stream (one flush after the first event).
@@ -492,12 +498,9 @@ async def test_a_replay_of_a_cancelled_stream_is_refused_on_every_replica_as_on_
     async with AsyncExitStack() as stack:
         a, b = await replicas(stack, database, tmp_path, 2)
         rid = new_id()
-        body = {"model": "m", "input": "hang", "stream": True, "background": True}
         async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP):
-            async with http.stream(
-                "POST", f"{a.base_url}/responses", json=body, headers={"x-agent-response-id": rid}
-            ) as streaming:
-                await _read_events(streaming.aiter_lines(), 3)
+            async with streamed(http, a.base_url, "hang", rid) as lines:
+                await _read_events(lines, 3)
                 await started_on(conn, rid)
                 cancelled = await http.post(f"{b.base_url}/responses/{rid}/cancel")
                 assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
