@@ -596,3 +596,30 @@ async def test_the_watchdog_ends_after_its_one_look_when_it_sent_no_cancel(
             with contextlib.suppress(StopIteration):
                 pending.send(None)
         await g.aclose()
+
+
+async def test_an_outside_cancel_is_never_taken_for_ours_when_tasks_claim_to_equal_anything() -> None:
+    """No stuck-stream cancel was sent, and the consumer's task is cancelled from outside while the
+    guard waits on the inner stream: the cancel is the consumer's, recorded as one and raised, even
+    when the loop's tasks claim to equal any object (``None`` too).
+
+    Origin: the 2026-12-02 mutation run over watchdog.py: ``task is not self.stuck_task`` becoming
+    ``!=`` in ``take_back`` compared the task with ``None`` by ``==`` and took the outside cancel back
+    as our own (the stream was recorded stuck and the cancel swallowed)."""
+    pulled = asyncio.Event()
+
+    async def inner() -> Any:
+        yield CREATED_R1
+        pulled.set()
+        await asyncio.Event().wait()  # the consumer's task is cancelled here
+
+    async with tasks_equal_to_any():
+        g = guard(inner(), asyncio.Event(), cancel_grace=5.0)
+        task = asyncio.create_task(drain(g))
+        async with asyncio.timeout(5):
+            await pulled.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    assert (g.lifecycle.state, g.lifecycle.cause) == (State.CANCELLED, Cause.CLIENT_CANCEL)
+    assert g.lifecycle.anomalies == []
