@@ -32,6 +32,27 @@ T = 60
 HOLD = 3.0
 
 
+async def old_chain(p: SqlResponseProvider) -> list[str]:
+    """Start ``p`` and store an old chain: ``resp_a`` (``i_a``, ``o_a``), ``resp_b`` chained on it
+    (``i_b``, ``o_b``), both ended and last written 30 days ago; the history of a turn chained on
+    ``resp_b``, read as the host reads it, is returned."""
+    await p.start()
+    await p.create_response(envelope("resp_a"), [item("i_a")], None)
+    await p.update_response(envelope("resp_a", status="completed", output=[out("o_a")]))
+    history_b = await p.get_history_item_ids("resp_a", None, -1)
+    await p.create_response(envelope("resp_b", previous_response_id="resp_a"), [item("i_b")], history_b)
+    await p.update_response(
+        envelope("resp_b", previous_response_id="resp_a", status="completed", output=[out("o_b")])
+    )
+    then = datetime.now(UTC) - timedelta(days=30)
+    async with p.engine.begin() as conn:
+        await conn.execute(update(provider_responses).values(updated_at=then))
+        await conn.execute(update(provider_items).values(updated_at=then))
+    history_c = await p.get_history_item_ids("resp_b", None, -1)
+    assert history_c == ["i_a", "o_a", "i_b", "o_b"]
+    return history_c
+
+
 class HeldCreate(SqlResponseProvider):
     """Holds ``resp_c``'s create in its transaction until ``prune`` ends or ``HOLD`` passes."""
 
@@ -55,22 +76,11 @@ async def test_a_prune_beside_a_create_keeps_the_history_the_new_response_names(
     assert url is not None
     p = HeldCreate(url, schema=schema)
     async with asyncio.timeout(T):
-        await p.start()
-        # An old chain: resp_a (i_a, o_a), resp_b chained on it (i_b, o_b), both ended, both old.
-        await p.create_response(envelope("resp_a"), [item("i_a")], None)
-        await p.update_response(envelope("resp_a", status="completed", output=[out("o_a")]))
-        history_b = await p.get_history_item_ids("resp_a", None, -1)
-        await p.create_response(envelope("resp_b"), [item("i_b")], history_b)
-        await p.update_response(envelope("resp_b", status="completed", output=[out("o_b")]))
-        then = datetime.now(UTC) - timedelta(days=30)
-        async with p.engine.begin() as conn:
-            await conn.execute(update(provider_responses).values(updated_at=then))
-            await conn.execute(update(provider_items).values(updated_at=then))
-        history_c = await p.get_history_item_ids("resp_b", None, -1)
-        assert history_c == ["i_a", "o_a", "i_b", "o_b"]
+        history_c = await old_chain(p)
 
         # A new turn on the old chain, held open inside its transaction while the prune runs.
-        create = asyncio.create_task(p.create_response(envelope("resp_c"), [item("i_c")], history_c))
+        turn_c = envelope("resp_c", previous_response_id="resp_b")
+        create = asyncio.create_task(p.create_response(turn_c, [item("i_c")], history_c))
         await p.inside.wait()
         async with ResponseStore(url, schema=schema) as store:
             prune = asyncio.create_task(store.prune_envelopes(older_than=timedelta(days=7)))
@@ -119,19 +129,7 @@ async def test_a_turn_whose_history_was_pruned_after_it_was_read_is_refused_not_
     p = SqlResponseProvider(url, schema=schema)
     try:
         async with asyncio.timeout(T):
-            await p.start()
-            await p.create_response(envelope("resp_a"), [item("i_a")], None)
-            await p.update_response(envelope("resp_a", status="completed", output=[out("o_a")]))
-            history_b = await p.get_history_item_ids("resp_a", None, -1)
-            await p.create_response(envelope("resp_b"), [item("i_b")], history_b)
-            await p.update_response(envelope("resp_b", status="completed", output=[out("o_b")]))
-            then = datetime.now(UTC) - timedelta(days=30)
-            async with p.engine.begin() as conn:
-                await conn.execute(update(provider_responses).values(updated_at=then))
-                await conn.execute(update(provider_items).values(updated_at=then))
-
-            history_c = await p.get_history_item_ids("resp_b", None, -1)
-            assert history_c == ["i_a", "o_a", "i_b", "o_b"]
+            history_c = await old_chain(p)
             async with ResponseStore(url, schema=schema) as store:
                 pruned = await store.prune_envelopes(older_than=timedelta(days=7))
             assert (pruned.envelopes, pruned.items) == (2, 4)
