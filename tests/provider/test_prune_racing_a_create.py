@@ -24,7 +24,7 @@ from eventguard import ResponseStore
 from eventguard.provider import ProviderStorageError, SqlResponseProvider
 from eventguard.sql.tables import provider_items, provider_responses
 
-from .conftest import Database
+from .conftest import Database, Store
 from .test_parity_with_the_hosts_store import envelope, item, out
 
 T = 60
@@ -107,7 +107,7 @@ async def test_a_prune_beside_a_create_keeps_the_history_the_new_response_names(
 
 
 async def test_a_turn_whose_history_was_pruned_after_it_was_read_is_refused_not_stored_hollow(
-    sql_database: Database,
+    sql_store: Store,
 ) -> None:
     """The window before the create's transaction: the host reads the history of the previous
     response (``get_history_item_ids``), a prune then expires that response and every item only it
@@ -121,50 +121,33 @@ async def test_a_turn_whose_history_was_pruned_after_it_was_read_is_refused_not_
     is not the rule: the host's own stores accept such ids, and the parity suite keeps that; the
     next test pins what is still stored.)
     """
-    url, schema = sql_database.url, sql_database.schema
-    assert url is not None
-    p = SqlResponseProvider(url, schema=schema)
-    try:
-        async with asyncio.timeout(T):
-            history_c = await old_chain(p)
-            async with ResponseStore(url, schema=schema) as store:
-                pruned = await store.prune_envelopes(older_than=timedelta(days=7))
-            assert (pruned.envelopes, pruned.items) == (2, 4)
+    p = sql_store.provider
+    async with asyncio.timeout(T):
+        history_c = await old_chain(p)
+        async with ResponseStore(sql_store.url, schema=sql_store.schema) as store:
+            pruned = await store.prune_envelopes(older_than=timedelta(days=7))
+        assert (pruned.envelopes, pruned.items) == (2, 4)
 
-            # The host's envelope names the response its history was read from.
-            turn_c = envelope("resp_c", previous_response_id="resp_b")
-            with pytest.raises(ProviderStorageError, match="resp_b"):
-                await p.create_response(turn_c, [item("i_c")], history_c)
-            with pytest.raises(KeyError):
-                await p.get_response("resp_c")
-    finally:
-        async with asyncio.timeout(30):
-            await p.aclose()
+        # The host's envelope names the response its history was read from.
+        turn_c = envelope("resp_c", previous_response_id="resp_b")
+        with pytest.raises(ProviderStorageError, match="resp_b"):
+            await p.create_response(turn_c, [item("i_c")], history_c)
+        with pytest.raises(KeyError):
+            await p.get_response("resp_c")
 
 
-async def test_a_history_with_ids_no_prune_took_is_stored_as_given(sql_database: Database) -> None:
+async def test_a_history_with_ids_no_prune_took_is_stored_as_given(sql_store: Store) -> None:
     """What the refusal is not: ids that never had an item, under a previous response that is
     live (the host's stores accept them), and a previous response deleted after the history was
     read while every item its history names is still stored (nothing is lost: items outlive
     their response)."""
-    url, schema = sql_database.url, sql_database.schema
-    assert url is not None
-    p = SqlResponseProvider(url, schema=schema)
-    try:
-        async with asyncio.timeout(T):
-            history_c = await old_chain(p)
-            ghostly = envelope("resp_g", previous_response_id="resp_b")
-            await p.create_response(ghostly, [item("i_g")], ["never_stored", *history_c])
-            assert [i["id"] for i in await p.get_input_items("resp_g", ascending=True)] == [
-                *history_c,
-                "i_g",
-            ]
+    p = sql_store.provider
+    async with asyncio.timeout(T):
+        history_c = await old_chain(p)
+        ghostly = envelope("resp_g", previous_response_id="resp_b")
+        await p.create_response(ghostly, [item("i_g")], ["never_stored", *history_c])
+        assert [i["id"] for i in await p.get_input_items("resp_g", ascending=True)] == [*history_c, "i_g"]
 
-            await p.delete_response("resp_b")
-            await p.create_response(
-                envelope("resp_c", previous_response_id="resp_b"), [item("i_c")], history_c
-            )
-            assert [i["id"] for i in await p.get_input_items("resp_c", ascending=True)] == [*history_c, "i_c"]
-    finally:
-        async with asyncio.timeout(30):
-            await p.aclose()
+        await p.delete_response("resp_b")
+        await p.create_response(envelope("resp_c", previous_response_id="resp_b"), [item("i_c")], history_c)
+        assert [i["id"] for i in await p.get_input_items("resp_c", ascending=True)] == [*history_c, "i_c"]
