@@ -51,7 +51,9 @@ What the host relies on, and how it holds here (each checked against the install
   runs on the provider's stdlib ``sqlite3`` writer thread (:mod:`eventguard.sql.sqlite_thread`;
   ``BEGIN IMMEDIATE`` ... ``COMMIT`` there), not as five trips to aiosqlite's thread. Retention's
   prune on PostgreSQL locks the envelope table against writes (``SHARE ROW EXCLUSIVE``) so it never
-  takes what a create in flight is naming.
+  takes what a create in flight is naming; a prune that commits between the host's history read and
+  its create (the previous response expired, and items its history named with it) makes that create
+  fail with :class:`ProviderStorageError` rather than store a history whose items are gone.
 - **SQLite reads a response on the loop, without waiting**: ``get_response``'s one indexed SELECT
   runs on the event loop's thread through a ``sqlite3`` connection that never waits for a lock
   (``busy_timeout`` 0, ``query_only``), as the host's file store reads its file there; when the
@@ -96,7 +98,6 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from eventguard.envelopes import ProviderStorageError
@@ -105,7 +106,7 @@ from eventguard.envelopes import key as _key
 from eventguard.envelopes import load as _load
 from eventguard.envelopes import partition as _partition
 from eventguard.envelopes import shown as _shown
-from eventguard.errors import ResponseStoreError, SchemaMismatchError, UnstorableError
+from eventguard.errors import ResponseStoreError, UnstorableError
 from eventguard.records import EnvelopePruneResult, EnvelopeRecord
 from eventguard.sql import engine as _db
 from eventguard.sql import migrate as _migrate
@@ -234,7 +235,16 @@ def _probes(count: int) -> list[int]:
 class _Prepared:
     """One ``create_response``/``update_response`` argument set, serialised at call time."""
 
-    __slots__ = ("body", "conversation", "history", "inputs", "outputs", "response_id", "status")
+    __slots__ = (
+        "body",
+        "conversation",
+        "history",
+        "inputs",
+        "outputs",
+        "previous",
+        "response_id",
+        "status",
+    )
 
     def __init__(
         self,
@@ -249,6 +259,8 @@ class _Prepared:
         status = response.get("status")
         self.status = status[:32] if isinstance(status, str) and storable.storable(status) else None
         self.conversation = _conversation_id(response)
+        previous = response.get("previous_response_id")
+        self.previous = previous if isinstance(previous, str) and previous else None
         self.inputs = self._items(_many(input_items or (), "input_items"), "input")
         output = response.get("output")
         self.outputs = self._items(output if isinstance(output, list) else (), "output")
@@ -384,7 +396,8 @@ class SqlResponseProvider:
 
     async def start(self) -> None:
         """Check the schema (creating or upgrading it per ``auto_migrate``): fails fast with
-        :class:`SchemaMismatchError` naming the command to run. Concurrent calls check once."""
+        :class:`~eventguard.errors.SchemaMismatchError` naming the command to run. Concurrent calls
+        check once."""
         self._on_this_loop()
         async with self._starting:
             if not self._ready:
@@ -394,26 +407,11 @@ class SqlResponseProvider:
         # The check, and the creation or upgrade it calls for, decided under the migration lock
         # (one migration at a time in this process; across processes PostgreSQL's advisory lock,
         # SQLite's write lock): concurrent first calls, here or in another process, create the
-        # schema once and the others find it made.
-        try:
-            await _migrate.prepare(
-                self.engine, auto_migrate=self.auto_migrate, marker_table=provider_responses.name
-            )
-        except SQLAlchemyError:
-            # A migrator that takes no lock (an older eventguard, a hand-run DDL) may be creating
-            # it at this moment: look again once its transaction has had time to commit.
-            await self._check_soon()
+        # schema once and the others find it made. (The sink opens its database the same way.)
+        await _migrate.first_use(
+            self.engine, auto_migrate=self.auto_migrate, marker_table=provider_responses.name
+        )
         self._ready = True
-
-    async def _check_soon(self, attempts: int = 10, pause: float = 0.2) -> None:
-        for attempt in range(attempts):
-            try:
-                await _migrate.check(self.engine)
-                return
-            except SchemaMismatchError:
-                if attempt == attempts - 1:
-                    raise
-                await asyncio.sleep(pause)
 
     async def migrate(self, revision: str = "head") -> None:
         """Upgrade the database schema to ``revision`` (what ``eventguard db upgrade`` runs)."""
@@ -574,6 +572,7 @@ class SqlResponseProvider:
             if row is None:
                 return False
             await self._fence_update(conn, part, prepared.response_id, prepared.status)  # replicas
+            await self._refuse_a_pruned_history(conn, part, prepared)
             pk, version = row
             if version > 1:  # re-created: the old life's links go
                 await conn.execute(delete(provider_links).where(provider_links.c.response_pk == pk))
@@ -825,6 +824,53 @@ class SqlResponseProvider:
         return _last(list(dict.fromkeys(resolved)), limit)
 
     # -- statements -------------------------------------------------------------------------------
+
+    async def _refuse_a_pruned_history(self, conn: AsyncConnection, part: str, prepared: _Prepared) -> None:
+        """Refuse a create whose history was expired by a prune after the host read it.
+
+        The host reads a turn's history (``get_history_item_ids`` of the previous response) and
+        creates the turn a moment later, in another transaction: a prune that commits in between
+        takes the previous response and the items only it named, and the new response would name
+        items that are gone (every read of it skipping them in silence). Run after the envelope's
+        row is written, so no prune runs beside the rest of this transaction (PostgreSQL: the
+        prune's table lock waits for the row's; SQLite: one writer), this looks at what the
+        history came from: the envelope's ``previous_response_id``. Still live: nothing it
+        reaches was pruned (retention keeps every item and node a kept response names), and ids
+        without an item are the caller's, accepted as the host's stores accept them. Gone or
+        deleted, and an id of the history has no stored item: the history named items that
+        existed (the host's history of a response it could not find is empty) and lost them, so
+        the create is refused with :class:`ProviderStorageError`, as the turn would have been had
+        the prune come first. A history of ids that all still have their items is stored as given.
+        """
+        if not prepared.history or prepared.previous is None:
+            return
+        r, it = provider_responses, provider_items
+        live = (
+            await conn.execute(
+                select(r.c.pk).where(
+                    r.c.partition == part,
+                    r.c.response_key == _key(prepared.previous),
+                    r.c.deleted.is_(False),
+                )
+            )
+        ).first()
+        if live is not None:
+            return
+        keys = sorted({_key(i) for i in prepared.history})
+        query = (
+            select(func.count())
+            .select_from(it)
+            .where(it.c.partition == part, it.c.item_key.in_(bindparam("keys", expanding=True)))
+        )
+        stored = 0
+        for start in range(0, len(keys), CHUNK):
+            stored += (await conn.execute(query, {"keys": keys[start : start + CHUNK]})).scalar_one()
+        if stored < len(keys):
+            raise ProviderStorageError(
+                f"response {prepared.response_id!a} was not stored: its previous response "
+                f"{prepared.previous!a} and {len(keys) - stored} items its history names are gone "
+                "(expired by a prune after the history was read)"
+            )
 
     async def _write_history(self, conn: AsyncConnection, nodes: list[Node]) -> None:
         """Store the nodes of a history list that are not stored yet, in runs (see

@@ -30,6 +30,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from eventguard.errors import SchemaMismatchError
@@ -180,6 +181,39 @@ async def prepare(engine: AsyncEngine, *, auto_migrate: bool | None, marker_tabl
             raise
     async with _one_in_this_process(), engine.begin() as conn:
         await conn.run_sync(_prepare_locked, auto_migrate, marker_table)
+
+
+async def first_use(
+    engine: AsyncEngine,
+    *,
+    auto_migrate: bool | None,
+    marker_table: str,
+    attempts: int = 10,
+    pause: float = 0.2,
+) -> None:
+    """A store's first use of its database: :func:`prepare`, and, when the migration itself fails
+    in the database, a look again for a while (``attempts`` checks, ``pause`` seconds apart).
+
+    Every eventguard store (the sink, the response store) opens its database through this, so
+    they decide alike. The look again is for a migrator that takes no lock (an older eventguard,
+    DDL run by hand) creating the same tables at that moment: its transaction commits, and the
+    check then finds the schema at head. Raises :class:`SchemaMismatchError` as :func:`prepare`
+    does, or when the schema is still not at head after the last look.
+    """
+    try:
+        await prepare(engine, auto_migrate=auto_migrate, marker_table=marker_table)
+        return
+    except SQLAlchemyError:
+        if attempts < 1:
+            raise
+    for attempt in range(attempts):
+        try:
+            await check(engine)
+            return
+        except SchemaMismatchError:
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(pause)
 
 
 def _prepare_locked(connection: Connection, auto_migrate: bool | None, marker_table: str) -> None:

@@ -1,5 +1,6 @@
 """A prune racing a ``create_response`` whose history names old items keeps what the new response
-names: its history nodes and its items, on PostgreSQL and SQLite.
+names: its history nodes and its items, on PostgreSQL and SQLite; a prune that committed between the
+host's history read and its create makes the create fail instead.
 
 The prune ran beside the create's open transaction (PostgreSQL, READ COMMITTED): it did not see the
 new response, so it took the history nodes and the items that only the new response was about to
@@ -23,13 +24,34 @@ from eventguard import ResponseStore
 from eventguard.provider import ProviderStorageError, SqlResponseProvider
 from eventguard.sql.tables import provider_items, provider_responses
 
-from .conftest import Database
+from .conftest import Database, Store
 from .test_parity_with_the_hosts_store import envelope, item, out
 
 T = 60
 #: How long the held create waits for the prune to finish before it goes on (the prune is blocked
 #: by then when the database serialises the two; otherwise it has long finished).
 HOLD = 3.0
+
+
+async def old_chain(p: SqlResponseProvider) -> list[str]:
+    """Start ``p`` and store an old chain: ``resp_a`` (``i_a``, ``o_a``), ``resp_b`` chained on it
+    (``i_b``, ``o_b``), both ended and last written 30 days ago; the history of a turn chained on
+    ``resp_b``, read as the host reads it, is returned."""
+    await p.start()
+    await p.create_response(envelope("resp_a"), [item("i_a")], None)
+    await p.update_response(envelope("resp_a", status="completed", output=[out("o_a")]))
+    history_b = await p.get_history_item_ids("resp_a", None, -1)
+    await p.create_response(envelope("resp_b", previous_response_id="resp_a"), [item("i_b")], history_b)
+    await p.update_response(
+        envelope("resp_b", previous_response_id="resp_a", status="completed", output=[out("o_b")])
+    )
+    then = datetime.now(UTC) - timedelta(days=30)
+    async with p.engine.begin() as conn:
+        await conn.execute(update(provider_responses).values(updated_at=then))
+        await conn.execute(update(provider_items).values(updated_at=then))
+    history_c = await p.get_history_item_ids("resp_b", None, -1)
+    assert history_c == ["i_a", "o_a", "i_b", "o_b"]
+    return history_c
 
 
 class HeldCreate(SqlResponseProvider):
@@ -55,22 +77,11 @@ async def test_a_prune_beside_a_create_keeps_the_history_the_new_response_names(
     assert url is not None
     p = HeldCreate(url, schema=schema)
     async with asyncio.timeout(T):
-        await p.start()
-        # An old chain: resp_a (i_a, o_a), resp_b chained on it (i_b, o_b), both ended, both old.
-        await p.create_response(envelope("resp_a"), [item("i_a")], None)
-        await p.update_response(envelope("resp_a", status="completed", output=[out("o_a")]))
-        history_b = await p.get_history_item_ids("resp_a", None, -1)
-        await p.create_response(envelope("resp_b"), [item("i_b")], history_b)
-        await p.update_response(envelope("resp_b", status="completed", output=[out("o_b")]))
-        then = datetime.now(UTC) - timedelta(days=30)
-        async with p.engine.begin() as conn:
-            await conn.execute(update(provider_responses).values(updated_at=then))
-            await conn.execute(update(provider_items).values(updated_at=then))
-        history_c = await p.get_history_item_ids("resp_b", None, -1)
-        assert history_c == ["i_a", "o_a", "i_b", "o_b"]
+        history_c = await old_chain(p)
 
         # A new turn on the old chain, held open inside its transaction while the prune runs.
-        create = asyncio.create_task(p.create_response(envelope("resp_c"), [item("i_c")], history_c))
+        turn_c = envelope("resp_c", previous_response_id="resp_b")
+        create = asyncio.create_task(p.create_response(turn_c, [item("i_c")], history_c))
         await p.inside.wait()
         async with ResponseStore(url, schema=schema) as store:
             prune = asyncio.create_task(store.prune_envelopes(older_than=timedelta(days=7)))
@@ -95,13 +106,8 @@ async def test_a_prune_beside_a_create_keeps_the_history_the_new_response_names(
         await p.aclose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not done: the create does not know the history it names was expired after it was read "
-    "(issue 15, retention; see the test's docstring for the decided behaviour)",
-)
 async def test_a_turn_whose_history_was_pruned_after_it_was_read_is_refused_not_stored_hollow(
-    sql_database: Database,
+    sql_store: Store,
 ) -> None:
     """The window before the create's transaction: the host reads the history of the previous
     response (``get_history_item_ids``), a prune then expires that response and every item only it
@@ -109,37 +115,39 @@ async def test_a_turn_whose_history_was_pruned_after_it_was_read_is_refused_not_
 
     Decided: the create is refused with a storage error (to the host a failed turn, not a 404 nor
     a silent success), as the turn would have been refused had the prune come a moment earlier
-    (the previous response not found). Stored as it is today, the new response names items that
-    are gone, and every read of it (input items, the next turn's history) skips them in silence:
-    the conversation's past is lost without a word. (Refusing any history id without a stored item
-    is not the rule: the host's own stores accept such ids, and the parity suite keeps that.)
+    (the previous response not found). Stored as it was before, the new response named items that
+    were gone, and every read of it (input items, the next turn's history) skipped them in silence:
+    the conversation's past lost without a word. (Refusing any history id without a stored item
+    is not the rule: the host's own stores accept such ids, and the parity suite keeps that; the
+    next test pins what is still stored.)
     """
-    url, schema = sql_database.url, sql_database.schema
-    assert url is not None
-    p = SqlResponseProvider(url, schema=schema)
-    try:
-        async with asyncio.timeout(T):
-            await p.start()
-            await p.create_response(envelope("resp_a"), [item("i_a")], None)
-            await p.update_response(envelope("resp_a", status="completed", output=[out("o_a")]))
-            history_b = await p.get_history_item_ids("resp_a", None, -1)
-            await p.create_response(envelope("resp_b"), [item("i_b")], history_b)
-            await p.update_response(envelope("resp_b", status="completed", output=[out("o_b")]))
-            then = datetime.now(UTC) - timedelta(days=30)
-            async with p.engine.begin() as conn:
-                await conn.execute(update(provider_responses).values(updated_at=then))
-                await conn.execute(update(provider_items).values(updated_at=then))
+    p = sql_store.provider
+    async with asyncio.timeout(T):
+        history_c = await old_chain(p)
+        async with ResponseStore(sql_store.url, schema=sql_store.schema) as store:
+            pruned = await store.prune_envelopes(older_than=timedelta(days=7))
+        assert (pruned.envelopes, pruned.items) == (2, 4)
 
-            history_c = await p.get_history_item_ids("resp_b", None, -1)
-            assert history_c == ["i_a", "o_a", "i_b", "o_b"]
-            async with ResponseStore(url, schema=schema) as store:
-                pruned = await store.prune_envelopes(older_than=timedelta(days=7))
-            assert (pruned.envelopes, pruned.items) == (2, 4)
+        # The host's envelope names the response its history was read from.
+        turn_c = envelope("resp_c", previous_response_id="resp_b")
+        with pytest.raises(ProviderStorageError, match="resp_b"):
+            await p.create_response(turn_c, [item("i_c")], history_c)
+        with pytest.raises(KeyError):
+            await p.get_response("resp_c")
 
-            with pytest.raises(ProviderStorageError):
-                await p.create_response(envelope("resp_c"), [item("i_c")], history_c)
-            with pytest.raises(KeyError):
-                await p.get_response("resp_c")
-    finally:
-        async with asyncio.timeout(30):
-            await p.aclose()
+
+async def test_a_history_with_ids_no_prune_took_is_stored_as_given(sql_store: Store) -> None:
+    """What the refusal is not: ids that never had an item, under a previous response that is
+    live (the host's stores accept them), and a previous response deleted after the history was
+    read while every item its history names is still stored (nothing is lost: items outlive
+    their response)."""
+    p = sql_store.provider
+    async with asyncio.timeout(T):
+        history_c = await old_chain(p)
+        ghostly = envelope("resp_g", previous_response_id="resp_b")
+        await p.create_response(ghostly, [item("i_g")], ["never_stored", *history_c])
+        assert [i["id"] for i in await p.get_input_items("resp_g", ascending=True)] == [*history_c, "i_g"]
+
+        await p.delete_response("resp_b")
+        await p.create_response(envelope("resp_c", previous_response_id="resp_b"), [item("i_c")], history_c)
+        assert [i["id"] for i in await p.get_input_items("resp_c", ascending=True)] == [*history_c, "i_c"]

@@ -1,0 +1,85 @@
+"""Several sinks opening one empty database at once all start: the schema is made once, and the
+others find it made, on SQLite and PostgreSQL.
+
+A sink's ``start()`` decided "empty database: create it" from a check made before the migration
+lock, then looked the tables up again, outside the lock too: a sink whose check ran before another
+sink's creation committed, and whose look-up ran after it, found eventguard's tables without having
+seen their revision and refused them as someone else's (``SchemaMismatchError``, "no eventguard
+schema"). It now decides as the response store does (``eventguard.sql.migrate.first_use``): the
+decision is taken again under the migration lock.
+
+The interleaving is made certain, not left to the scheduler: each sink's first check answers what
+it read (no schema), but the sinks after the first give that answer only once the schema is made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from eventguard.errors import SchemaMismatchError
+from eventguard.sink import SqlSink
+from eventguard.sql import migrate as mig
+
+from .conftest import Target
+
+SINKS = 4
+T = 120
+
+
+@pytest.fixture
+def first_checks_answer_late(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """``migrate.check`` with each engine's first "no schema" answer held back, after the first
+    engine's, until the schema is at head (the answer is then stale, as a check made just before
+    another sink's creation committed is). Returns the list of what each first check did, in order."""
+    real = mig.check
+    seen: set[int] = set()
+    log: list[str] = []
+
+    async def check(engine: AsyncEngine) -> None:
+        try:
+            await real(engine)
+        except SchemaMismatchError as stale:
+            if id(engine) in seen:
+                raise
+            seen.add(id(engine))
+            if len(seen) == 1:
+                log.append("first: no schema")
+                raise
+            while True:  # bounded by the test's timeout
+                try:
+                    await real(engine)
+                    break
+                except SchemaMismatchError:
+                    await asyncio.sleep(0.02)
+            log.append("later: no schema, answered once it was made")
+            raise stale from None
+
+    monkeypatch.setattr(mig, "check", check)
+    return log
+
+
+async def test_several_sinks_opening_one_empty_database_all_start(
+    target: Target, tmp_path: Path, first_checks_answer_late: list[str]
+) -> None:
+    sinks = [
+        SqlSink(target.url, schema=target.schema, spool_path=tmp_path / f"spool{n}.jsonl")
+        for n in range(SINKS)
+    ]
+    try:
+        async with asyncio.timeout(T):
+            started = await asyncio.gather(*(s.start() for s in sinks), return_exceptions=True)
+            assert started == [None] * SINKS
+            assert [s.ready for s in sinks] == [True] * SINKS
+            # At least one sink read "no schema" before another made it (a sink whose first
+            # check came after the creation committed finds it at head, and is not logged).
+            assert first_checks_answer_late[0] == "first: no schema"
+            assert "later: no schema, answered once it was made" in first_checks_answer_late
+            await mig.check(sinks[0].engine)  # at head
+    finally:
+        async with asyncio.timeout(30):
+            for s in sinks:
+                await s.aclose()
