@@ -15,7 +15,6 @@ threads cannot share a sink: the second gets :class:`~eventguard.errors.SinkLoop
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import uuid
@@ -37,7 +36,6 @@ from eventguard.sink.spool import Spool
 from eventguard.sink.writer import Writer, WriterConfig
 from eventguard.sql import engine as _db
 from eventguard.sql import migrate as _migrate
-from eventguard.sql.tables import responses
 
 __all__ = ["FullPolicy", "SqlSink"]
 
@@ -213,16 +211,6 @@ class SqlSink:
         problem is logged once while batches go to the spool. A spool left from before is
         replayed in the background, beside the new writes.
         """
-        if not self.writer.ready:
-            # Decided as every eventguard store decides its first use (the response store too):
-            # looked at again under the migration lock once it is held, so several sinks (and
-            # processes) opening one empty database create the schema once, and none takes the
-            # tables another just made for someone else's. The writer's own check then finds it
-            # at head.
-            async with asyncio.timeout(self.writer.config.prepare_timeout):
-                await _migrate.first_use(
-                    self.engine, auto_migrate=self.auto_migrate, marker_table=responses.name
-                )
         await self.writer.start()
 
     async def __aenter__(self) -> SqlSink:

@@ -35,12 +35,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import inspect
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from eventguard.errors import SchemaMismatchError
 from eventguard.lifecycle import ENDED_STATES, Lifecycle
 from eventguard.sink import quarantine
 from eventguard.sink.apply import Stopped, Tally
@@ -640,27 +637,13 @@ class Writer:
                 await self._prepare(replay=replay)
 
     async def _prepare(self, *, replay: bool = True) -> None:
-        """Check the schema, creating it first in an empty database when allowed; then (unless
-        ``replay`` is False: a replay is what asks) replay a spool left from before, in the
-        background."""
-        auto_migrate = self.config.auto_migrate
-        try:
-            await _migrate.check(self.engine)
-        except SchemaMismatchError as exc:
-            if not exc.current and auto_migrate is not False and not await self._has_tables():
-                try:
-                    await _migrate.upgrade(self.engine)
-                except SQLAlchemyError:
-                    # Another replica may have created it at the same moment: look again.
-                    await _migrate.check(self.engine)
-            elif exc.current and auto_migrate is True:
-                await _migrate.upgrade(self.engine)
-            else:
-                raise
+        """Check the schema, creating it first in an empty database when allowed (decided under
+        the migration lock, as ``SqlSink.start`` and the response store decide it:
+        ``eventguard.sql.migrate.first_use``); then (unless ``replay`` is False: a replay is what
+        asks) replay a spool left from before, in the background."""
+        await _migrate.first_use(
+            self.engine, auto_migrate=self.config.auto_migrate, marker_table=responses.name
+        )
         self._ready = True
         if replay:
             self.replayer.soon()
-
-    async def _has_tables(self) -> bool:
-        async with self.engine.connect() as conn:
-            return await conn.run_sync(lambda c: inspect(c).has_table(responses.name))

@@ -1,11 +1,11 @@
 """Several sinks opening one empty database at once all start: the schema is made once, and the
 others find it made, on SQLite and PostgreSQL.
 
-A sink's ``start()`` decided "empty database: create it" from a check made before the migration
+A sink's first use (``start()``, or the first write of a sink never started) decided "empty database: create it" from a check made before the migration
 lock, then looked the tables up again, outside the lock too: a sink whose check ran before another
 sink's creation committed, and whose look-up ran after it, found eventguard's tables without having
 seen their revision and refused them as someone else's (``SchemaMismatchError``, "no eventguard
-schema"). It now decides as the response store does (``eventguard.sql.migrate.first_use``): the
+schema"). The writer now decides as the response store does (``eventguard.sql.migrate.first_use``): the
 decision is taken again under the migration lock.
 
 The interleaving is made certain, not left to the scheduler: each sink's first check answers what
@@ -25,6 +25,7 @@ from eventguard.sink import SqlSink
 from eventguard.sql import migrate as mig
 
 from .conftest import Target
+from .helpers import stored_in_progress
 
 SINKS = 4
 T = 120
@@ -62,17 +63,25 @@ def first_checks_answer_late(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return log
 
 
+@pytest.mark.parametrize("opened_by", ["start", "first write"])
 async def test_several_sinks_opening_one_empty_database_all_start(
-    target: Target, tmp_path: Path, first_checks_answer_late: list[str]
+    target: Target, tmp_path: Path, first_checks_answer_late: list[str], opened_by: str
 ) -> None:
+    """Opened by ``start()``, or by the first write of a sink nobody started (the writer's own
+    first use: a sink that refused the tables would spool the write, so the spool is looked at)."""
     sinks = [
         SqlSink(target.url, schema=target.schema, spool_path=tmp_path / f"spool{n}.jsonl")
         for n in range(SINKS)
     ]
     try:
         async with asyncio.timeout(T):
-            started = await asyncio.gather(*(s.start() for s in sinks), return_exceptions=True)
-            assert started == [None] * SINKS
+            if opened_by == "start":
+                opened = [s.start() for s in sinks]
+            else:
+                opened = [stored_in_progress(s, f"resp_{n}") for n, s in enumerate(sinks)]
+            started = await asyncio.gather(*opened, return_exceptions=True)
+            assert [r if isinstance(r, BaseException) else None for r in started] == [None] * SINKS
+            assert [(tmp_path / f"spool{n}.jsonl").exists() for n in range(SINKS)] == [False] * SINKS
             assert [s.ready for s in sinks] == [True] * SINKS
             # At least one sink read "no schema" before another made it (a sink whose first
             # check came after the creation committed finds it at head, and is not logged).
