@@ -1,12 +1,13 @@
 """Several sinks opening one empty database at once all start: the schema is made once, and the
 others find it made, on SQLite and PostgreSQL.
 
-A sink's first use (``start()``, or the first write of a sink never started) decided "empty database: create it" from a check made before the migration
-lock, then looked the tables up again, outside the lock too: a sink whose check ran before another
-sink's creation committed, and whose look-up ran after it, found eventguard's tables without having
-seen their revision and refused them as someone else's (``SchemaMismatchError``, "no eventguard
-schema"). The writer now decides as the response store does (``eventguard.sql.migrate.first_use``): the
-decision is taken again under the migration lock.
+A sink's first use (``start()``, or the first write of a sink never started) decided "empty
+database: create it" from a check made before the migration lock, then looked the tables up again,
+outside the lock too: a sink whose check ran before another sink's creation committed, and whose
+look-up ran after it, found eventguard's tables without having seen their revision and refused them
+as someone else's (``SchemaMismatchError``, "no eventguard schema"). The writer now decides as the
+response store does (``eventguard.sql.migrate.first_use``): the decision is taken again under the
+migration lock.
 
 The interleaving is made certain, not left to the scheduler: each sink's first check answers what
 it read (no schema), but the sinks after the first give that answer only once the schema is made.
