@@ -151,3 +151,37 @@ async def test_a_history_with_ids_no_prune_took_is_stored_as_given(sql_store: St
         await p.delete_response("resp_b")
         await p.create_response(envelope("resp_c", previous_response_id="resp_b"), [item("i_c")], history_c)
         assert [i["id"] for i in await p.get_input_items("resp_c", ascending=True)] == [*history_c, "i_c"]
+
+
+HOSTILE = {
+    "nul": "resp_\x00nul",
+    "lone surrogate": "resp_\udcff",
+    "ansi escape": "resp_\x1b[31mred\x1b[0m",
+    "1 MB": "resp_" + "x" * 1_000_000,
+}
+
+
+@pytest.mark.parametrize("value", HOSTILE.values(), ids=HOSTILE.keys())
+async def test_the_refusal_check_takes_any_previous_response_id_and_item_id(
+    sql_store: Store, value: str
+) -> None:
+    """A hostile ``previous_response_id`` (never stored) and hostile history ids reach the check's
+    look-ups as keys: a history whose items are all stored is stored as given and read back
+    exactly; one naming an id without an item is refused with a storage error whose message is
+    plain ASCII (the values escaped); nothing else is lost."""
+    p = sql_store.provider
+    async with asyncio.timeout(T):
+        await p.create_response(envelope("resp_h0"), [item(value, text=value)], None)
+        kept = envelope("resp_h1", previous_response_id=value)
+        await p.create_response(kept, [item("i_h1")], [value])
+        assert (await p.get_response("resp_h1"))["previous_response_id"] == value
+        assert await p.get_history_item_ids("resp_h1", None, -1) == [value, "i_h1"]
+        assert await p.get_items([value]) == [item(value, text=value)]
+
+        hollow = envelope("resp_h2", previous_response_id=value)
+        with pytest.raises(ProviderStorageError) as refused:
+            await p.create_response(hollow, [item("i_h2")], [value, value + "_gone"])
+        assert str(refused.value).isascii()
+        with pytest.raises(KeyError):
+            await p.get_response("resp_h2")
+        assert await p.get_history_item_ids("resp_h1", None, -1) == [value, "i_h1"]
