@@ -857,14 +857,7 @@ class SqlResponseProvider:
         if live is not None:
             return
         keys = sorted({_key(i) for i in prepared.history})
-        query = (
-            select(func.count())
-            .select_from(it)
-            .where(it.c.partition == part, it.c.item_key.in_(bindparam("keys", expanding=True)))
-        )
-        stored = 0
-        for start in range(0, len(keys), CHUNK):
-            stored += (await conn.execute(query, {"keys": keys[start : start + CHUNK]})).scalar_one()
+        stored = len(await self._items_by_key(conn, part, keys, it.c.item_key))
         if stored < len(keys):
             raise ProviderStorageError(
                 f"response {prepared.response_id!a} was not stored: its previous response "
@@ -1017,19 +1010,23 @@ class SqlResponseProvider:
     async def _item_bodies(self, conn: AsyncConnection, part: str, ids: list[str]) -> dict[str, str]:
         """Stored item bodies by id (ids with no item are absent)."""
         by_key = {_key(i): i for i in ids}
-        keys = list(by_key)
-        found: dict[str, str] = {}
         it = provider_items
+        rows = await self._items_by_key(conn, part, list(by_key), it.c.item_key, it.c.body)
+        return {by_key[key]: body for key, body in rows}
+
+    async def _items_by_key(
+        self, conn: AsyncConnection, part: str, keys: list[str], *columns: Any
+    ) -> list[Any]:
+        """``columns`` of the stored items among ``keys`` (item keys) in ``part``, ``CHUNK`` keys a
+        statement (ids with no item have no row)."""
+        it = provider_items
+        query = select(*columns).where(
+            it.c.partition == part, it.c.item_key.in_(bindparam("keys", expanding=True))
+        )
+        rows: list[Any] = []
         for start in range(0, len(keys), CHUNK):
-            rows = await conn.execute(
-                select(it.c.item_key, it.c.body).where(
-                    it.c.partition == part, it.c.item_key.in_(bindparam("keys", expanding=True))
-                ),
-                {"keys": keys[start : start + CHUNK]},
-            )
-            for key, body in rows:
-                found[by_key[key]] = body
-        return found
+            rows += (await conn.execute(query, {"keys": keys[start : start + CHUNK]})).all()
+        return rows
 
 
 async def read_envelopes(conn: AsyncConnection, shown_id: str) -> list[EnvelopeRecord]:
