@@ -246,6 +246,9 @@ async def _write_rows(
             rid = batches[i].response_id
             (later if rid in seen else now).append(i)
             seen.add(rid)
+        # Rows locked in one order by every writer: two replicas' cycles over the same responses
+        # then wait for each other instead of deadlocking (each locks a row the other needs next).
+        now.sort(key=lambda i: batches[i].response_id)
         for start in range(0, len(now), ROWS_PER_STATEMENT):
             ids = now[start : start + ROWS_PER_STATEMENT]
             chunk = [batches[i] for i in ids]

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -29,11 +31,15 @@ from eventguard.sink.batch import Batch
 from eventguard.sink.quarantine import QuarantineRecord
 from eventguard.sink.quarantine_file import QuarantineFile
 from eventguard.sink.report import Reporter, SinkStats, log
-from eventguard.sql.classify import ErrorKind, classify, reason
+from eventguard.sql.classify import ErrorKind, classify, is_transient_conflict, reason
 from eventguard.sql.engine import BorrowedEngine
 from eventguard.sql.sqlite_thread import SqliteConnection, SqliteThread, drive
 
-__all__ = ["REPLAYING", "Committer", "Timeouts"]
+__all__ = ["CONFLICT_TRIES", "REPLAYING", "Committer", "Timeouts"]
+
+#: How many times a write is tried when the server rolls it back for meeting another writer (a
+#: deadlock, a serialization failure) before it counts as an outage and is spooled.
+CONFLICT_TRIES = 5
 
 #: Set while this task replays the spool: a quarantine record already there is not inserted
 #: again (a file an outage stopped is replayed again from its start).
@@ -91,16 +97,32 @@ class Committer:
         renumbered = None if replay else self._renumbered
         thread = self._thread()
         started = time.perf_counter()  # for stats.on_write: the write-duration metric
-        async with asyncio.timeout(self._config.write_timeout):
-            if thread is None and self._direct():
-                written = await self._on_driver(batches, rows=rows, replay=replay, renumbered=renumbered)
-            elif thread is None:
-                async with self._engine().begin() as conn:
-                    written = await write(conn, batches, rows=rows, replay=replay, renumbered=renumbered)
-            else:
-                written = await self._on_thread(
-                    thread, batches, rows=rows, replay=replay, renumbered=renumbered
-                )
+        for tries in itertools.count(1):
+            try:
+                async with asyncio.timeout(self._config.write_timeout):
+                    if thread is None and self._direct():
+                        written = await self._on_driver(
+                            batches, rows=rows, replay=replay, renumbered=renumbered
+                        )
+                    elif thread is None:
+                        async with self._engine().begin() as conn:
+                            written = await write(
+                                conn, batches, rows=rows, replay=replay, renumbered=renumbered
+                            )
+                    else:
+                        written = await self._on_thread(
+                            thread, batches, rows=rows, replay=replay, renumbered=renumbered
+                        )
+                break
+            except Exception as exc:
+                # Two writers met (two replicas' cycles touching the same rows): the server rolled
+                # one back. That is no outage: done again it goes through, where spooling it
+                # would hold the stream's history back until the next replay.
+                if tries >= CONFLICT_TRIES or not is_transient_conflict(exc):
+                    raise
+                self._stats.conflicts_retried += 1
+                log.debug("eventguard sink: %s; writing again", self._report.why(exc))
+                await asyncio.sleep(random.uniform(0.0, 0.01 * tries))
         if self._stats.on_write is not None:
             self._stats.on_write(time.perf_counter() - started)
         if rows:

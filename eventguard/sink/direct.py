@@ -70,6 +70,9 @@ async def write_direct(conn: AsyncConnection, batches: Sequence[Batch]) -> Writt
     path (see the module docstring), with nothing written."""
     if len({b.response_id for b in batches}) != len(batches):
         return None  # one statement may touch a row once: the general path takes them in rounds
+    # Rows locked in one order by every writer (as apply's rounds do): two replicas' cycles over
+    # the same responses wait for each other instead of deadlocking.
+    batches = sorted(batches, key=lambda b: b.response_id)
     driver = await _events_stage(conn)
     if driver is None:
         return None

@@ -47,6 +47,9 @@ class SinkStats:
     duplicates: int = 0
     #: Errors the writer did not expect (each kind logged once, with its traceback).
     unexpected_errors: int = 0
+    #: Writes the database rolled back for meeting another writer (a deadlock, a serialization
+    #: failure) and that were done again at once (after the last try: an outage, spooled).
+    conflicts_retried: int = 0
     #: Batches that could be kept nowhere (spool and quarantine file both failed): logged.
     lost: int = 0
     #: Told the seconds each committed write transaction took (``eventguard.telemetry`` sets it:

@@ -22,7 +22,10 @@ resources: disk full, too many
 connections), 57 (operator intervention:
 statement_timeout, shutdown), 58 (system
 I/O), 40 (serialization failure,
-deadlock), 25, 55 (lock not available),
+deadlock: first done again at once,
+``CONFLICT_TRIES`` in all, see
+:func:`is_transient_conflict`), 25, 55
+(lock not available),
 XX (internal), 28, 3D, 26
 SQLite IntegrityError, DataError,         DATA       split and quarantine, as above
 ProgrammingError, InterfaceError
@@ -123,6 +126,19 @@ def classify(exc: BaseException) -> ErrorKind:
     # Any other ValueError says nothing certain (aiosqlite raises one for a closed connection):
     # the writer asks the database.
     return ErrorKind.UNKNOWN
+
+
+#: SQLSTATEs of a transaction the server rolled back because it met another one (deadlock
+#: detected, serialization failure): nothing is wrong with the content or the database, and the
+#: same transaction done again goes through (PostgreSQL's own advice for both).
+_TRANSIENT_CONFLICTS = frozenset({"40P01", "40001"})
+
+
+def is_transient_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` says the transaction lost a race with another (a deadlock, a serialization
+    failure) and may be done again at once: still an OUTAGE to :func:`classify`, for a caller
+    that does not retry."""
+    return any(sqlstate(err) in _TRANSIENT_CONFLICTS for err in _chain(exc))
 
 
 def _definite(err: BaseException) -> ErrorKind | None:
