@@ -585,11 +585,15 @@ async def test_the_watchdog_ends_after_its_one_look_when_it_sent_no_cancel(
     g = guard(inner(), signal, context=ctx, cancel_grace=GRACE)
     async with asyncio.timeout(BOUND):
         pending = await scenario(g, signal, ctx)
-        [watchdog] = set(watchdog_tasks()) - before
-        await asyncio.wait([watchdog])
-        assert len(scheduled) == 1  # the first grace's sleep, and nothing after it
-        assert [a.kind for a in g.lifecycle.anomalies] == anomalies
-        release.set()
+        try:
+            [watchdog] = set(watchdog_tasks()) - before
+            await asyncio.wait([watchdog])
+            assert len(scheduled) == 1  # the first grace's sleep, and nothing after it
+            assert [a.kind for a in g.lifecycle.anomalies] == anomalies
+        finally:
+            # Also when an assertion failed: the stream swallows cancels, so a task left inside it
+            # would keep the test run from ending.
+            release.set()
         if isinstance(pending, asyncio.Task):
             await pending
         elif pending is not None:
