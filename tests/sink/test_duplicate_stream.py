@@ -106,8 +106,10 @@ async def test_two_streams_interleaved_in_one_sink_leave_one_history(target: Tar
     assert other == list(range(43))  # count in == out: the other stream's every event, once
 
 
-async def test_replicas_racing_for_the_same_ids_get_one_owner_each(target: Target) -> None:
-    ids = [f"resp_race_{i}" for i in range(8)]
+async def race(target: Target, ids: list[str]) -> tuple[SqlSink, SqlSink, list[Any]]:
+    """Two sinks (two replicas) each run a whole stream for every id in ``ids`` at once, then
+    close; checks each id has one owner's whole history and the other stream's whole in the
+    quarantine; the two sinks (for their stats) and the quarantine records."""
     async with asyncio.timeout(90):
         a, b = make_sink(target, flush_every=3), make_sink(target, flush_every=3)
         await a.start()
@@ -128,6 +130,11 @@ async def test_replicas_racing_for_the_same_ids_get_one_owner_each(target: Targe
         assert found[rid]["anomalies"] == [("duplicate_stream", "sink")]
         others = sorted(e["seq"] for k in kept if k.response_id == rid for e in k.content()["events"])
         assert others == list(range(18))
+    return a, b, kept
+
+
+async def test_replicas_racing_for_the_same_ids_get_one_owner_each(target: Target) -> None:
+    a, b, kept = await race(target, [f"resp_race_{i}" for i in range(8)])
     assert a.stats.duplicates + b.stats.duplicates == len(kept)
 
 
