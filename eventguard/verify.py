@@ -123,14 +123,16 @@ def check_attempt(
     problems: list[str] = []
     start = State.NEW if attempt.attempt == 1 else State.INTERRUPTED
     lc = Lifecycle(state=start, attempt=attempt.attempt)
-    writer = sorted((t for t in attempt.transitions if t.idx >= 0), key=lambda t: t.idx)
+    steps = sorted(  # the numbered transitions the sink wrote; recover marks are negative
+        (t for t in attempt.transitions if t.idx >= 0), key=lambda t: t.idx
+    )
     marks = sorted((t for t in attempt.transitions if t.idx < 0), key=lambda t: -t.idx)  # -1 first
-    for expected, t in enumerate(writer):
+    for expected, t in enumerate(steps):
         if t.idx != expected:
             problems.append(f"transition #{expected} is missing (next stored is #{t.idx})")
             break
     last: TransitionRecord | None = None
-    for t in writer:
+    for t in steps:
         src, dst = _state(t.from_state), _state(t.to_state)
         if src is None or dst is None:
             problems.append(f"transition #{t.idx} {t.from_state} -> {t.to_state}: unknown state")
@@ -146,20 +148,20 @@ def check_attempt(
             problems.append(f"transition #{t.idx}: {exc}")
             lc.state = dst
         last = t
-    final: State | None = lc.state if writer or attempt.attempt > 1 else None
+    final: State | None = lc.state if steps or attempt.attempt > 1 else None
     for t in marks:  # written by `recover` for a row nobody wrote any more
         src, dst = _state(t.from_state), _state(t.to_state)
         if src is None or dst is None or dst not in ALLOWED_TRANSITIONS.get(src, frozenset()):
             problems.append(f"recover mark {t.from_state} -> {t.to_state} is not an allowed transition")
         if last is None or t.at >= last.at:
             final, last = dst, t
-    problems.extend(_check_events(attempt, final, writer))
+    problems.extend(_check_events(attempt, final, steps))
     return final, last, problems
 
 
-def _check_events(attempt: Attempt | _RowAttempt, final: State | None, writer: list[Any]) -> list[str]:
+def _check_events(attempt: Attempt | _RowAttempt, final: State | None, steps: list[Any]) -> list[str]:
     problems: list[str] = []
-    reached = {t.to_state for t in writer}
+    reached = {t.to_state for t in steps}
     terminal_seq: int | None = None
     for event in attempt.events:
         etype = event.type

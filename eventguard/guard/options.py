@@ -23,11 +23,13 @@ class GuardOptions:
     on_cancel: Literal["omit", "emit"] = "omit"
     #: Seconds the stream gets after a cause is signalled before the watchdog steps in; None: no watchdog.
     cancel_grace: float | None = 10.0
-    #: Keep a ``completed`` produced after shutdown was signalled (unverified) instead of failing it.
+    #: Keep a ``completed`` produced after the host told this response it is shutting down (its
+    #: context's ``shutdown``; ``Flags.shutdown``), flagged unverified, instead of failing it.
     keep_shutdown_completion: bool = False
     #: Raise ``InvalidEvent`` / ``IllegalTransition`` on bad input instead of recording an anomaly.
     strict: bool = False
-    #: Can a run stopped by shutdown be recovered (``interrupted``) or is it lost (``failed``)?
+    #: Can a run stopped by shutdown (the host's ``Flags.shutdown`` or the process's
+    #: ``Flags.process_shutdown``) be recovered (``interrupted``) or is it lost (``failed``)?
     #: None: the host adapter decides from the context (a stored background run of a resilient host).
     recoverable: bool | None = None
     #: Bound, in seconds, on the final flush to the sink; it goes on in the background after that.
