@@ -42,6 +42,8 @@ class ReplicaOptions:
     def __post_init__(self) -> None:
         if not self.lease > 0:
             raise ValueError(f"lease must be > 0 seconds, not {self.lease!r}")
+        if self.settle_wait is not None and not self.settle_wait >= 0:  # NaN too
+            raise ValueError(f"settle_wait must be >= 0 seconds or None, not {self.settle_wait!r}")
         if self.reap_policy not in ("failed", "interrupted"):
             raise ValueError(f"reap_policy must be 'failed' or 'interrupted', not {self.reap_policy!r}")
         if self.identity is not None:

@@ -125,3 +125,12 @@ async def test_without_a_terminal_settle_ends_the_lease_within_its_bound(
                 assert LEASE - 0.01 <= took < bound, took
         finally:
             await provider.aclose()
+
+
+@pytest.mark.parametrize("wait", [-1.0, float("nan"), float("-inf")])
+def test_a_settle_wait_that_bounds_nothing_is_a_value_error(wait: float) -> None:
+    with pytest.raises(ValueError, match="settle_wait"):
+        ReplicaOptions(settle_wait=wait)
+    assert (
+        ReplicaOptions(lease=2.0).settle_within == 12.0 and ReplicaOptions(settle_wait=0).settle_within == 0
+    )
