@@ -145,6 +145,25 @@ async def heartbeat(conn: AsyncConnection, owner: str, lease: float) -> int:
     return int(result.rowcount)
 
 
+async def renew_fenced(
+    conn: AsyncConnection, partition: str, key: str, owner: str, token: int, lease: float
+) -> bool:
+    """Renew one running lease of ``owner``, only under ``token`` (as the heartbeat renews them all);
+    False: it is no longer this owner's (reaped, taken over, ended)."""
+    result = await conn.execute(
+        update(leases)
+        .where(
+            L.partition == partition,
+            L.response_key == key,
+            L.owner == owner,
+            L.fencing_token == token,
+            L.state == "running",
+        )
+        .values(lease_expires=_now(conn) + lease)
+    )
+    return bool(result.rowcount == 1)
+
+
 async def touch_fenced(conn: AsyncConnection, partition: str, key: str, owner: str, token: int) -> bool:
     """Whether ``owner`` still holds the lease with ``token`` (a write under it may go on)."""
     row = await conn.execute(

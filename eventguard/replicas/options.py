@@ -24,6 +24,9 @@ class ReplicaOptions:
     - ``cancel_wait``: seconds a relaying replica waits for the owner's terminal, counted from the
       owner's taking the cancel (the host's own cancel wait is 10 s, from its receiving it; the
       default adds the terminal's write), and as long again for the owner to take it.
+    - ``settle_wait``: seconds at most a run's lease is kept (renewed under its token) after its
+      handler ended, for the host's terminal write, while the stored envelope is still in flight
+      (default six times ``lease``); then the lease is ended as a response never stored.
     """
 
     identity: str | None = None
@@ -34,10 +37,13 @@ class ReplicaOptions:
     reap_policy: Literal["failed", "interrupted"] = "failed"
     cancel_poll: float = 0.5
     cancel_wait: float = 12.0
+    settle_wait: float | None = None
 
     def __post_init__(self) -> None:
         if not self.lease > 0:
             raise ValueError(f"lease must be > 0 seconds, not {self.lease!r}")
+        if self.settle_wait is not None and not self.settle_wait >= 0:  # NaN too
+            raise ValueError(f"settle_wait must be >= 0 seconds or None, not {self.settle_wait!r}")
         if self.reap_policy not in ("failed", "interrupted"):
             raise ValueError(f"reap_policy must be 'failed' or 'interrupted', not {self.reap_policy!r}")
         if self.identity is not None:
@@ -50,6 +56,10 @@ class ReplicaOptions:
     @property
     def reap_interval(self) -> float:
         return self.reap_every if self.reap_every is not None else self.lease / 2
+
+    @property
+    def settle_within(self) -> float:
+        return self.settle_wait if self.settle_wait is not None else 6 * self.lease
 
 
 def _check_identity(identity: object) -> None:

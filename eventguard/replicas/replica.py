@@ -157,10 +157,39 @@ class Replica:
 
     async def settle(self, response_id: str, context: Any) -> None:
         """After the handler ended: give the host the time to write the terminal (which ends the
-        lease under the token); then end the lease if nothing did (a response never stored)."""
+        lease under the token); then end the lease if nothing did (a response never stored).
+
+        The host's write can come later than one lease (seen under heavy load), so while waiting
+        the lease is renewed under its token at the heartbeat's cadence (the heartbeat itself can be
+        late then too). After one lease the stored envelope is looked at at that cadence: ended, or
+        never stored, ends the wait, as one lease did before; still in flight, the wait goes on, up to
+        ``settle_wait`` (default six leases). Run as a task after the handler (``foundry``): its
+        caller is never held up by it."""
         where = (_partition(context), _key(response_id))
-        deadline = asyncio.get_running_loop().time() + self.options.lease
-        while where in self.tokens and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
+        user = getattr(context, "user_id_key", None)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        every = self.options.heartbeat_every
+        bound = start + max(self.options.settle_within, self.options.lease)
+        renew_due, look_due = start + every, start + self.options.lease
+        while (token := self.tokens.get(where)) is not None and loop.time() < bound:
+            now = loop.time()
+            if now >= renew_due:
+                renew_due = now + every
+                try:
+                    async with self._tx() as conn:
+                        held = await lease_sql.renew_fenced(
+                            conn, where[0], where[1], self.identity, token, self.options.lease
+                        )
+                except Exception as exc:  # the heartbeat renews it too; the wait stays bounded
+                    log.warning("could not renew the lease of %r while settling: %s", response_id, exc)
+                    held = True
+                if not held:
+                    break  # no longer ours: the end below is refused, as any write under it would be
+            if now >= look_due:
+                look_due = now + every
+                if await self._stored_ended(response_id, user if isinstance(user, str) else None):
+                    break
             await asyncio.sleep(0.05)  # the terminal write happens in the host, after the handler
         token = self.tokens.pop(where, None)
         self.ended.discard(where)

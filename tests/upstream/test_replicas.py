@@ -17,7 +17,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg  # type: ignore[import-untyped]
 import httpx
@@ -76,6 +76,23 @@ async def any_db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
 async def db() -> AsyncIterator[tuple[Database, Any]]:
     async for found in _postgres():
         yield found
+
+
+class Pair(NamedTuple):
+    """Two replicas, A and B, on the ``db`` fixture's schema, and a connection to that schema."""
+
+    conn: Any
+    a: Lifetime
+    b: Lifetime
+
+
+@pytest.fixture
+async def pair(db: tuple[Database, Any], tmp_path: Path) -> AsyncIterator[Pair]:
+    """Two replicas on PostgreSQL with the default timing and policy, stopped after the test."""
+    database, conn = db
+    async with AsyncExitStack() as stack:
+        a, b = await replicas(stack, database, tmp_path, 2)
+        yield Pair(conn, a, b)
 
 
 async def _postgres() -> AsyncIterator[tuple[Database, Any]]:
@@ -163,39 +180,33 @@ async def started_run(conn: Any, owner: Lifetime, text: str = "hang") -> str:
 
 
 @pytest.mark.postgres
-async def test_a_post_reusing_an_id_live_or_stored_on_another_replica_gets_the_owners_409(
-    db: tuple[Database, Any], tmp_path: Path
-) -> None:
-    database, conn = db
-    async with AsyncExitStack() as stack:
-        a, b = await replicas(stack, database, tmp_path, 2)
-        rid = await started_run(conn, a)
-        on_owner, elsewhere = await post(a.base_url, "hang", rid), await post(b.base_url, "hang", rid)
-        assert on_owner.status_code == elsewhere.status_code == 409
-        assert elsewhere.json()["error"]["code"] == on_owner.json()["error"]["code"] == "response_id_conflict"
-        async with client(a.base_url) as ca:
-            await ca.responses.cancel(rid)
-            assert await wait_status(ca, rid, {"cancelled"}) == "cancelled"
-        stored = await post(b.base_url, "again", rid)  # ended and stored: still taken
-        assert stored.status_code == 409
+async def test_a_post_reusing_an_id_live_or_stored_on_another_replica_gets_the_owners_409(pair: Pair) -> None:
+    conn, a, b = pair
+    rid = await started_run(conn, a)
+    on_owner, elsewhere = await post(a.base_url, "hang", rid), await post(b.base_url, "hang", rid)
+    assert on_owner.status_code == elsewhere.status_code == 409
+    assert elsewhere.json()["error"]["code"] == on_owner.json()["error"]["code"] == "response_id_conflict"
+    async with client(a.base_url) as ca:
+        await ca.responses.cancel(rid)
+        assert await wait_status(ca, rid, {"cancelled"}) == "cancelled"
+    stored = await post(b.base_url, "again", rid)  # ended and stored: still taken
+    assert stored.status_code == 409
 
 
 @pytest.mark.postgres
 async def test_a_delete_of_a_response_in_flight_on_another_replica_is_refused_as_the_owner_refuses_it(
-    db: tuple[Database, Any], tmp_path: Path
+    pair: Pair,
 ) -> None:
-    database, conn = db
-    async with AsyncExitStack() as stack:
-        a, b = await replicas(stack, database, tmp_path, 2)
-        rid = await started_run(conn, a)
-        async with httpx.AsyncClient(timeout=STEP) as http:
-            owner = await http.delete(f"{a.base_url}/responses/{rid}")
-            other = await http.delete(f"{b.base_url}/responses/{rid}")
-        assert owner.status_code == other.status_code == 400
-        assert other.json()["error"]["message"] == owner.json()["error"]["message"]
-        async with client(a.base_url) as ca:
-            await ca.responses.cancel(rid)
-            assert await wait_status(ca, rid, {"cancelled"}) == "cancelled"
+    conn, a, b = pair
+    rid = await started_run(conn, a)
+    async with httpx.AsyncClient(timeout=STEP) as http:
+        owner = await http.delete(f"{a.base_url}/responses/{rid}")
+        other = await http.delete(f"{b.base_url}/responses/{rid}")
+    assert owner.status_code == other.status_code == 400
+    assert other.json()["error"]["message"] == owner.json()["error"]["message"]
+    async with client(a.base_url) as ca:
+        await ca.responses.cancel(rid)
+        assert await wait_status(ca, rid, {"cancelled"}) == "cancelled"
 
 
 async def test_a_cancel_on_another_replica_reaches_the_owner_as_a_client_cancel_and_answers_200(
@@ -318,66 +329,60 @@ async def test_with_the_interrupted_policy_a_killed_replicas_run_is_interrupted_
 
 
 @pytest.mark.postgres
-async def test_a_paused_replica_past_its_lease_cannot_overwrite_the_survivors_decision(
-    db: tuple[Database, Any], tmp_path: Path
-) -> None:
-    database, conn = db
-    async with AsyncExitStack() as stack:
-        a, b = await replicas(stack, database, tmp_path, 2)
-        rid = await started_run(conn, a, "slow")
-        a.process.send_signal(signal.SIGSTOP)
-        try:
-            ended = "SELECT 1 FROM eventguard_leases WHERE response_id = $1 AND state = 'ended'"
-            await poll(lambda: conn.fetchval(ended, f'"{rid}"'), "the reaper")
-            async with client(b.base_url) as cb:
-                assert await wait_status(cb, rid, {"failed", "completed"}) == "failed"
-        finally:
-            a.process.send_signal(signal.SIGCONT)
-        # A wakes, finishes its run, and tries to write ``completed`` under its old token.
-        # Its write ends either way: refused (an anomaly) or, were it not fenced, over B's envelope.
-        sql = (
-            "SELECT (SELECT count(*) FROM eventguard_anomalies"
-            " WHERE response_id = $1 AND kind = 'fenced_out')"
-            " + (SELECT count(*) FROM eventguard_provider_responses WHERE response_id = $1"
-            " AND status = 'completed')"
-        )
-        await poll(lambda: conn.fetchval(sql, rid), "A's write after it woke")
-        async with client(a.base_url) as ca, client(b.base_url) as cb:
-            assert (await ca.responses.retrieve(rid)).status == "failed"
-            assert (await cb.responses.retrieve(rid)).status == "failed"
-        status = await conn.fetchval("SELECT status FROM eventguard_responses WHERE response_id = $1", rid)
-        assert status == "failed"
-        anomaly = "SELECT count(*) FROM eventguard_anomalies WHERE response_id = $1 AND kind = 'fenced_out'"
-        assert await conn.fetchval(anomaly, rid) == 1  # refused, and recorded: never silently
+async def test_a_paused_replica_past_its_lease_cannot_overwrite_the_survivors_decision(pair: Pair) -> None:
+    conn, a, b = pair
+    rid = await started_run(conn, a, "slow")
+    a.process.send_signal(signal.SIGSTOP)
+    try:
+        ended = "SELECT 1 FROM eventguard_leases WHERE response_id = $1 AND state = 'ended'"
+        await poll(lambda: conn.fetchval(ended, f'"{rid}"'), "the reaper")
+        async with client(b.base_url) as cb:
+            assert await wait_status(cb, rid, {"failed", "completed"}) == "failed"
+    finally:
+        a.process.send_signal(signal.SIGCONT)
+    # A wakes, finishes its run, and tries to write ``completed`` under its old token.
+    # Its write ends either way: refused (an anomaly) or, were it not fenced, over B's envelope.
+    sql = (
+        "SELECT (SELECT count(*) FROM eventguard_anomalies"
+        " WHERE response_id = $1 AND kind = 'fenced_out')"
+        " + (SELECT count(*) FROM eventguard_provider_responses WHERE response_id = $1"
+        " AND status = 'completed')"
+    )
+    await poll(lambda: conn.fetchval(sql, rid), "A's write after it woke")
+    async with client(a.base_url) as ca, client(b.base_url) as cb:
+        assert (await ca.responses.retrieve(rid)).status == "failed"
+        assert (await cb.responses.retrieve(rid)).status == "failed"
+    status = await conn.fetchval("SELECT status FROM eventguard_responses WHERE response_id = $1", rid)
+    assert status == "failed"
+    anomaly = "SELECT count(*) FROM eventguard_anomalies WHERE response_id = $1 AND kind = 'fenced_out'"
+    assert await conn.fetchval(anomaly, rid) == 1  # refused, and recorded: never silently
 
 
 @pytest.mark.postgres
 async def test_a_foreground_stream_in_flight_is_not_found_on_every_replica_as_on_its_owner(
-    db: tuple[Database, Any], tmp_path: Path
+    pair: Pair,
 ) -> None:
-    database, conn = db
-    async with AsyncExitStack() as stack:
-        a, b = await replicas(stack, database, tmp_path, 2)
-        rid = new_id()
-        body = {"model": "m", "input": "slow", "stream": True}
-        async with (
-            httpx.AsyncClient(timeout=STEP) as http,
-            asyncio.timeout(STEP),
-            http.stream(
-                "POST", f"{a.base_url}/responses", json=body, headers={"x-agent-response-id": rid}
-            ) as streaming,
-        ):
-            lines = streaming.aiter_lines()
-            await anext(lines)
-            await started_on(conn, rid)
-            owner = await http.get(f"{a.base_url}/responses/{rid}")
-            other = await http.get(f"{b.base_url}/responses/{rid}")
-            assert (owner.status_code, other.status_code) == (404, 404)
-            async for _line in lines:
-                pass
-            bases = (a.base_url, b.base_url)
-            got = [(await http.get(f"{u}/responses/{rid}")).json()["status"] for u in bases]
-            assert got == ["completed", "completed"]
+    conn, a, b = pair
+    rid = new_id()
+    body = {"model": "m", "input": "slow", "stream": True}
+    async with (
+        httpx.AsyncClient(timeout=STEP) as http,
+        asyncio.timeout(STEP),
+        http.stream(
+            "POST", f"{a.base_url}/responses", json=body, headers={"x-agent-response-id": rid}
+        ) as streaming,
+    ):
+        lines = streaming.aiter_lines()
+        await anext(lines)
+        await started_on(conn, rid)
+        owner = await http.get(f"{a.base_url}/responses/{rid}")
+        other = await http.get(f"{b.base_url}/responses/{rid}")
+        assert (owner.status_code, other.status_code) == (404, 404)
+        async for _line in lines:
+            pass
+        bases = (a.base_url, b.base_url)
+        got = [(await http.get(f"{u}/responses/{rid}")).json()["status"] for u in bases]
+        assert got == ["completed", "completed"]
 
 
 def _text_of(body: dict[str, Any]) -> str:
@@ -394,30 +399,28 @@ def _text_of(body: dict[str, Any]) -> str:
 
 @pytest.mark.postgres
 async def test_a_get_on_another_replica_shows_the_output_stored_so_far_before_the_terminal(
-    db: tuple[Database, Any], tmp_path: Path
+    pair: Pair,
 ) -> None:
-    database, conn = db
-    async with AsyncExitStack() as stack:
-        a, b = await replicas(stack, database, tmp_path, 2)
-        rid = new_id()
-        assert (await post(a.base_url, "slow", rid)).status_code == 200  # "a", "b", "c", 1 s apart
-        stored = "SELECT 1 FROM eventguard_provider_responses WHERE response_id = $1"
-        await poll(lambda: conn.fetchval(stored, rid), "the response.created envelope")
-        seen: list[tuple[str, str]] = []
-        async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP):
-            while True:
-                got = (await http.get(f"{b.base_url}/responses/{rid}")).json()
-                seen.append((got.get("status"), _text_of(got)))
-                assert got.get("status") == "in_progress", f"ended before B showed any output: {seen}"
-                if _text_of(got):
-                    break
-                await asyncio.sleep(0.05)
-            assert "abc".startswith(_text_of(got)) and got["output"][0]["type"] == "message"
-            async with client(b.base_url) as cb:
-                assert await wait_status(cb, rid, {"completed"}) == "completed"
-            ended = (await http.get(f"{b.base_url}/responses/{rid}")).json()
-            owner = (await http.get(f"{a.base_url}/responses/{rid}")).json()
-            assert _text_of(ended) == _text_of(owner) == "abc", (ended, owner)
+    conn, a, b = pair
+    rid = new_id()
+    assert (await post(a.base_url, "slow", rid)).status_code == 200  # "a", "b", "c", 1 s apart
+    stored = "SELECT 1 FROM eventguard_provider_responses WHERE response_id = $1"
+    await poll(lambda: conn.fetchval(stored, rid), "the response.created envelope")
+    seen: list[tuple[str, str]] = []
+    async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP):
+        while True:
+            got = (await http.get(f"{b.base_url}/responses/{rid}")).json()
+            seen.append((got.get("status"), _text_of(got)))
+            assert got.get("status") == "in_progress", f"ended before B showed any output: {seen}"
+            if _text_of(got):
+                break
+            await asyncio.sleep(0.05)
+        assert "abc".startswith(_text_of(got)) and got["output"][0]["type"] == "message"
+        async with client(b.base_url) as cb:
+            assert await wait_status(cb, rid, {"completed"}) == "completed"
+        ended = (await http.get(f"{b.base_url}/responses/{rid}")).json()
+        owner = (await http.get(f"{a.base_url}/responses/{rid}")).json()
+        assert _text_of(ended) == _text_of(owner) == "abc", (ended, owner)
 
 
 def _sse_events(body: str) -> list[dict[str, Any]]:
@@ -441,73 +444,63 @@ REPLAY_ELSEWHERE = "This response was streamed by another replica"
 
 @contextlib.asynccontextmanager
 async def streamed(
-    http: httpx.AsyncClient, base: str, text: str, rid: str
-) -> AsyncIterator[AsyncIterator[str]]:
-    """A background streamed response of ``text`` posted with the id ``rid``: its SSE lines."""
+    http: httpx.AsyncClient, pair: Pair, text: str
+) -> AsyncIterator[tuple[str, AsyncIterator[str], list[dict[str, Any]]]]:
+    """A background streamed response of ``text`` posted to A with a new id, once its lease is taken:
+    the id, its SSE lines and the first three events (created, in_progress, the message item)."""
+    rid = new_id()
     body = {"model": "m", "input": text, "stream": True, "background": True}
+    base = pair.a.base_url
     async with http.stream("POST", f"{base}/responses", json=body, headers={"x-agent-response-id": rid}) as s:
-        yield s.aiter_lines()
+        lines = s.aiter_lines()
+        first = await _read_events(lines, 3)
+        await started_on(pair.conn, rid)
+        yield rid, lines, first
 
 
 @pytest.mark.postgres
-async def test_a_replay_on_another_replica_says_only_the_replica_that_ran_it_can_serve_it(
-    db: tuple[Database, Any], tmp_path: Path
-) -> None:
-    database, conn = db
-    async with AsyncExitStack() as stack:
-        a, b = await replicas(stack, database, tmp_path, 2)
-        rid = new_id()
-        async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP):
-            async with streamed(http, a.base_url, "slow", rid) as lines:
-                live = await _read_events(lines, 3)  # created, in_progress, the message item
-                await started_on(conn, rid)
-                # The sink's row says background and stream (one flush after the first event).
-                row = "SELECT 1 FROM eventguard_responses WHERE response_id = $1 AND stream AND background"
-                await poll(lambda: conn.fetchval(row, rid), "the sink's row")
-                mid_run = await http.get(f"{b.base_url}/responses/{rid}?stream=true&starting_after=2")
-                async for line in lines:
-                    if line.startswith("data: "):
-                        live.append(json.loads(line[6:]))
-            owner = await http.get(f"{a.base_url}/responses/{rid}?stream=true&starting_after=2")
-            other = await http.get(f"{b.base_url}/responses/{rid}?stream=true&starting_after=2")
-            bad_cursor = await http.get(f"{b.base_url}/responses/{rid}?stream=true&starting_after=x")
-        # The owner replays from its own stream store, numbered as it streamed them.
-        replayed = _sse_events(owner.text)
-        assert (
-            owner.status_code == 200 and replayed == live[3:] and replayed[-1]["type"] == "response.completed"
-        )
-        for answer in (mid_run, other):
-            assert answer.status_code == 400, answer.text
-            error = answer.json()["error"]
-            assert (error["type"], error["param"]) == ("invalid_request_error", "stream")
-            assert error["message"].startswith(REPLAY_ELSEWHERE)
-        assert bad_cursor.status_code == 400 and bad_cursor.json()["error"]["param"] == "starting_after"
-        # What a replay from the store would have to work from (docs/replicas.md, "Replay anywhere"):
-        # here (nothing dropped, the agent framework numbering from 0) the stored order and the
-        # host's numbers agree, event for event.
-        sql = "SELECT seq, type FROM eventguard_events WHERE response_id = $1 ORDER BY seq"
-        stored = [(row["seq"], row["type"]) for row in await conn.fetch(sql, rid)]
-        assert stored == [(e["sequence_number"], e["type"]) for e in live]
+async def test_a_replay_on_another_replica_says_only_the_replica_that_ran_it_can_serve_it(pair: Pair) -> None:
+    conn, a, b = pair
+    async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP):
+        async with streamed(http, pair, "slow") as (rid, lines, live):
+            # The sink's row says background and stream (one flush after the first event).
+            row = "SELECT 1 FROM eventguard_responses WHERE response_id = $1 AND stream AND background"
+            await poll(lambda: conn.fetchval(row, rid), "the sink's row")
+            mid_run = await http.get(f"{b.base_url}/responses/{rid}?stream=true&starting_after=2")
+            async for line in lines:
+                if line.startswith("data: "):
+                    live.append(json.loads(line[6:]))
+        owner = await http.get(f"{a.base_url}/responses/{rid}?stream=true&starting_after=2")
+        other = await http.get(f"{b.base_url}/responses/{rid}?stream=true&starting_after=2")
+        bad_cursor = await http.get(f"{b.base_url}/responses/{rid}?stream=true&starting_after=x")
+    # The owner replays from its own stream store, numbered as it streamed them.
+    replayed = _sse_events(owner.text)
+    assert owner.status_code == 200 and replayed == live[3:] and replayed[-1]["type"] == "response.completed"
+    for answer in (mid_run, other):
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert (error["type"], error["param"]) == ("invalid_request_error", "stream")
+        assert error["message"].startswith(REPLAY_ELSEWHERE)
+    assert bad_cursor.status_code == 400 and bad_cursor.json()["error"]["param"] == "starting_after"
+    # What a replay from the store would have to work from (docs/replicas.md, "Replay anywhere"):
+    # here (nothing dropped, the agent framework numbering from 0) the stored order and the
+    # host's numbers agree, event for event.
+    sql = "SELECT seq, type FROM eventguard_events WHERE response_id = $1 ORDER BY seq"
+    stored = [(row["seq"], row["type"]) for row in await conn.fetch(sql, rid)]
+    assert stored == [(e["sequence_number"], e["type"]) for e in live]
 
 
 @pytest.mark.postgres
-async def test_a_replay_of_a_cancelled_stream_is_refused_on_every_replica_as_on_its_owner(
-    db: tuple[Database, Any], tmp_path: Path
-) -> None:
-    database, conn = db
-    async with AsyncExitStack() as stack:
-        a, b = await replicas(stack, database, tmp_path, 2)
-        rid = new_id()
-        async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP):
-            async with streamed(http, a.base_url, "hang", rid) as lines:
-                await _read_events(lines, 3)
-                await started_on(conn, rid)
-                cancelled = await http.post(f"{b.base_url}/responses/{rid}/cancel")
-                assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
-            ended = "SELECT 1 FROM eventguard_responses WHERE response_id = $1 AND status = 'cancelled'"
-            await poll(lambda: conn.fetchval(ended, rid), "the cancelled lifecycle")
-            owner = await http.get(f"{a.base_url}/responses/{rid}?stream=true")
-            other = await http.get(f"{b.base_url}/responses/{rid}?stream=true")
-        # The owner deleted its replay when the run was cancelled: both hosts say so alike.
-        assert owner.status_code == other.status_code == 400
-        assert other.json() == owner.json()
+async def test_a_replay_of_a_cancelled_stream_is_refused_on_every_replica_as_on_its_owner(pair: Pair) -> None:
+    conn, a, b = pair
+    async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP):
+        async with streamed(http, pair, "hang") as (rid, _lines, _first):
+            cancelled = await http.post(f"{b.base_url}/responses/{rid}/cancel")
+            assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+        ended = "SELECT 1 FROM eventguard_responses WHERE response_id = $1 AND status = 'cancelled'"
+        await poll(lambda: conn.fetchval(ended, rid), "the cancelled lifecycle")
+        owner = await http.get(f"{a.base_url}/responses/{rid}?stream=true")
+        other = await http.get(f"{b.base_url}/responses/{rid}?stream=true")
+    # The owner deleted its replay when the run was cancelled: both hosts say so alike.
+    assert owner.status_code == other.status_code == 400
+    assert other.json() == owner.json()
