@@ -51,6 +51,7 @@ from eventguard.lifecycle import (
 from eventguard.recording import Recorder, Sink
 
 if _typing.TYPE_CHECKING:
+    from eventguard.agent_sessions import SqlAgentSessionStoreProvider
     from eventguard.provider import SqlResponseProvider
     from eventguard.records import (
         AnomalyRecord,
@@ -87,6 +88,7 @@ _LAZY: dict[str, str] = {
     "EventFilter": "eventguard.sink",
     "Redactor": "eventguard.sink",
     "ResponseStore": "eventguard.store",
+    "SqlAgentSessionStoreProvider": "eventguard.agent_sessions",
     "SqlResponseProvider": "eventguard.provider",
     "SqlSink": "eventguard.sink",
     "include_object": "eventguard.sql.migrate",
@@ -146,6 +148,7 @@ __all__ = [
     "SchemaMismatchError",
     "Sink",
     "SinkLoopError",
+    "SqlAgentSessionStoreProvider",
     "SqlResponseProvider",
     "SqlSink",
     "State",

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import URL
     from sqlalchemy.ext.asyncio import AsyncEngine
 
+    from eventguard.agent_sessions import SqlAgentSessionStoreProvider
     from eventguard.provider import SqlResponseProvider
     from eventguard.recording import Sink
     from eventguard.replicas import ReplicaOptions
@@ -92,11 +93,13 @@ class GuardedResponses:
       :class:`~eventguard.SqlSink` for the guards (unless ``sink=`` is given; ``sink=None`` keeps
       only the store) and an :class:`~eventguard.SqlResponseProvider` as the host's response store
       (``response_store=`` on newer hosts, ``store=`` on 1.0.0b260918; unless you pass one of those
-      yourself). ``schema`` is the PostgreSQL schema; ``migrate``: ``None`` creates the schema in an
-      empty database, ``True`` also upgrades an older one, ``False`` only checks. What ``database``
-      builds lives as long as the server: the sink and the store are opened when the app starts
-      (schema checked, a leftover spool replayed) and closed when it stops, after the host's own
-      shutdown, so the last guard's events are flushed first.
+      yourself), and an :class:`~eventguard.SqlAgentSessionStoreProvider` as its
+      ``agent_session_store_provider`` (unless you pass one), so the agent sessions live in the
+      database, not the state folder. ``schema`` is the PostgreSQL schema; ``migrate``: ``None``
+      creates the schema in an empty database, ``True`` also upgrades an older one, ``False`` only
+      checks. What ``database`` builds lives as long as the server: the sink and the store are
+      opened when the app starts (schema checked, a leftover spool replayed) and closed when it
+      stops, after the host's own shutdown, so the last guard's events are flushed first.
     - ``replicas`` (``eventguard_replicas``): a :class:`~eventguard.replicas.ReplicaOptions` turns
       this server into one replica of several on the ``database`` (leases with fencing tokens, a
       heartbeat, a reaper, cancel/delete/duplicate ids answered as the owner would: README
@@ -152,6 +155,9 @@ class GuardedResponses:
                 sink = self.eventguard_storage.sink
             if self.eventguard_storage.provider is not None:
                 kwargs[keyword] = self.eventguard_storage.provider
+            if kwargs.get("agent_session_store_provider") is None:
+                sessions = self.eventguard_storage.sessions(database, schema, migrate)
+                kwargs["agent_session_store_provider"] = sessions
         self._eventguard_sink: Sink | None = self.eventguard_sink if sink is _UNSET else sink
         #: The options of every guard of this server (``recoverable`` is set per response).
         self._eventguard_options = GuardOptions(
@@ -314,6 +320,22 @@ class Storage:
     provider: SqlResponseProvider | None
     #: The replica's leases and relay (``replicas=``), or None.
     replica: Replica | None = None
+    #: The agent sessions' store (:meth:`sessions`), or None.
+    session_store: SqlAgentSessionStoreProvider | None = None
+
+    def sessions(
+        self, database: str | URL | AsyncEngine, schema: str | None, migrate: bool | None
+    ) -> SqlAgentSessionStoreProvider:
+        """The host's agent sessions in the same database: through :attr:`provider` when there is one,
+        else through a response store of their own on ``database`` (closed with the rest)."""
+        from eventguard.agent_sessions import SqlAgentSessionStoreProvider
+
+        if self.session_store is None:
+            shared = self.provider
+            self.session_store = SqlAgentSessionStoreProvider(
+                shared if shared is not None else database, schema=schema, auto_migrate=migrate
+            )
+        return self.session_store
 
     @classmethod
     def build(
@@ -363,8 +385,13 @@ class Storage:
             if self.sink is not None:
                 await self.sink.aclose()
         finally:
-            if self.provider is not None:
-                await self.provider.aclose()
+            try:
+                if self.provider is not None:
+                    await self.provider.aclose()
+            finally:
+                own = self.session_store.provider if self.session_store is not None else None
+                if own is not None and own is not self.provider:
+                    await own.aclose()
 
 
 def _owning(

@@ -39,6 +39,7 @@ HOST_PACKAGES = ("agent_framework", "azure.ai.agentserver")
 # ProviderStorageError, a ResponseStoreCorruptionError to the host.
 HOST_IMPORTERS = (
     "eventguard.foundry",
+    "eventguard.agent_sessions",
     "eventguard.provider",
     "eventguard.envelopes",
     "eventguard.testing",

@@ -65,6 +65,7 @@ EXPORTED = [
     "SchemaMismatchError",
     "Sink",
     "SinkLoopError",
+    "SqlAgentSessionStoreProvider",
     "SqlResponseProvider",
     "SqlSink",
     "State",

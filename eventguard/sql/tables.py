@@ -351,3 +351,24 @@ leases = Table(
     Index("ix_eventguard_leases_owner_state", "owner", "state"),
     Index("ix_eventguard_leases_state_expires", "state", "lease_expires"),
 )
+
+
+# -- eventguard.agent_sessions (migration 0007): the host's agent sessions ---------------------------
+#: One row per agent session the host keeps (``AgentSession.to_dict()``), so a chat agent's sessions
+#: survive losing the host's state folder. Keyed as the response store keys ids: ``partition`` is the
+#: SHA-256 of the platform's ``user_id`` (or "anonymous"), ``session_key`` the SHA-256 of the exact
+#: session id; ``session_id`` is the exact id (as ``provider_links.item_id``), ``value`` the session
+#: as ASCII JSON text. ``version`` is bumped on every write: a store writes only over the version it
+#: read (the host's "another request advanced this agent session").
+agent_sessions = Table(
+    f"{PREFIX}agent_sessions",
+    metadata,
+    Column("partition", KEY, nullable=False),
+    Column("session_key", KEY, nullable=False),
+    Column("session_id", Text, nullable=False),
+    Column("value", Text, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("updated_at", TS, nullable=False),
+    PrimaryKeyConstraint("partition", "session_key", name="pk_eventguard_agent_sessions"),
+    Index(None, "updated_at"),
+)

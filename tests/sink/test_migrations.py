@@ -29,7 +29,7 @@ def test_state_strings_mirror_the_lifecycle() -> None:
 
 def test_the_migrations_and_their_head_are_found() -> None:
     assert (mig.migrations_dir() / "env.py").is_file()
-    assert mig.expected_heads() == ("0006",)  # 0005 (leases), then 0006 (a lease says background)
+    assert mig.expected_heads() == ("0007",)  # 0006 (a lease says background), then 0007 (agent sessions)
 
 
 async def test_upgrade_downgrade_and_check(target: Target) -> None:

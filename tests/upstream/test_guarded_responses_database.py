@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 from agent_framework_foundry_hosting import ResponsesHostServer
+from agent_framework_foundry_hosting._state_store import AgentSessionStoreProvider
 from azure.ai.agentserver.responses import InMemoryResponseProvider
 
-from eventguard import SqlResponseProvider, SqlSink
+from eventguard import SqlAgentSessionStoreProvider, SqlResponseProvider, SqlSink
 from eventguard.foundry import GuardedResponsesHostServer
 from eventguard.testing import chat_agent
 
@@ -67,3 +68,42 @@ async def test_the_app_lifespan_opens_and_closes_both(tmp_path: Path) -> None:
         again = SqlResponseProvider(storage.provider.url)
         assert (await again.get_response("resp_life"))["status"] == "queued"
         await again.aclose()
+
+
+def test_the_agent_sessions_live_in_the_same_database(tmp_path: Path) -> None:
+    server = build(database=f"sqlite:///{tmp_path / 'sessions.db'}")
+    storage = server.eventguard_storage
+    assert storage is not None
+    sessions = server._session_storage_provider
+    assert isinstance(sessions, SqlAgentSessionStoreProvider)
+    assert sessions is storage.session_store and sessions.provider is storage.provider
+
+
+def test_the_agent_sessions_use_the_database_beside_a_store_of_your_own(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'own.db'}"
+    server = build(database=url, **{KEYWORD: InMemoryResponseProvider()})
+    sessions = server._session_storage_provider
+    assert isinstance(sessions, SqlAgentSessionStoreProvider)
+    assert sessions.provider.url == SqlResponseProvider(url).url
+
+
+def test_a_session_store_of_your_own_is_kept(tmp_path: Path) -> None:
+    mine = AgentSessionStoreProvider()
+    server = build(database=f"sqlite:///{tmp_path / 'mine.db'}", agent_session_store_provider=mine)
+    assert server._session_storage_provider is mine
+    assert server.eventguard_storage is not None and server.eventguard_storage.session_store is None
+
+
+async def test_the_sessions_own_store_is_closed_with_the_app(tmp_path: Path) -> None:
+    server = build(
+        database=f"sqlite:///{tmp_path / 'close.db'}", migrate=True, **{KEYWORD: InMemoryResponseProvider()}
+    )
+    storage = server.eventguard_storage
+    assert storage is not None and storage.session_store is not None
+    own = storage.session_store.provider
+    async with asyncio.timeout(30):
+        async with server.router.lifespan_context(server):
+            store = storage.session_store.get_store(config=None, platform_context=None)
+            assert await store.get("conv_1") is None
+            assert own._engine is not None
+        assert own._engine is None  # its pool disposed with the app

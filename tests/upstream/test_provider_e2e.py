@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -158,6 +159,13 @@ def texts(items: Any) -> list[str]:
     return out
 
 
+def _wipe(state_root: Path) -> None:
+    """Delete the host's state folder (it held something) and leave it empty, as a new volume."""
+    assert any(state_root.iterdir())
+    shutil.rmtree(state_root)
+    state_root.mkdir()
+
+
 @pytest.fixture
 def state_root(tmp_path: Path) -> Path:
     """The host's own state (its resilient task records), shared by the lifetimes like a volume."""
@@ -182,7 +190,9 @@ async def test_a_chat_a_conversation_and_a_background_run_are_served_from_the_da
     assert [r.output_text for r in (r1, r2, r3, c1, c2)] == ["seen 1", "seen 3", "seen 5", "seen 1", "seen 3"]
     assert json.loads(first.printed("CLOSED")[0][7:]) == {"sink_closed": True, "spooled": 0}
 
-    # A new process: nothing of the first in memory, everything in the database.
+    # A new process: nothing of the first in memory, everything in the database, and the host's state
+    # folder (AGENTSERVER_STATE_ROOT, its agent sessions' default home) gone: the sessions are in SQL.
+    _wipe(state_root)
     async with lifetime(database, state_root, "uvicorn", "chat") as second, client(second.base_url) as c:
         async with asyncio.timeout(STEP * 3):
             got = await c.responses.retrieve(r3.id)
