@@ -145,36 +145,31 @@ async def heartbeat(conn: AsyncConnection, owner: str, lease: float) -> int:
     return int(result.rowcount)
 
 
+def _held(partition: str, key: str, owner: str, token: int) -> tuple[ColumnElement[bool], ...]:
+    """The lease of one response as ``owner`` holds it under ``token``: what every fenced write checks."""
+    return (
+        L.partition == partition,
+        L.response_key == key,
+        L.owner == owner,
+        L.fencing_token == token,
+        L.state == "running",
+    )
+
+
 async def renew_fenced(
     conn: AsyncConnection, partition: str, key: str, owner: str, token: int, lease: float
 ) -> bool:
     """Renew one running lease of ``owner``, only under ``token`` (as the heartbeat renews them all);
     False: it is no longer this owner's (reaped, taken over, ended)."""
     result = await conn.execute(
-        update(leases)
-        .where(
-            L.partition == partition,
-            L.response_key == key,
-            L.owner == owner,
-            L.fencing_token == token,
-            L.state == "running",
-        )
-        .values(lease_expires=_now(conn) + lease)
+        update(leases).where(*_held(partition, key, owner, token)).values(lease_expires=_now(conn) + lease)
     )
     return bool(result.rowcount == 1)
 
 
 async def touch_fenced(conn: AsyncConnection, partition: str, key: str, owner: str, token: int) -> bool:
     """Whether ``owner`` still holds the lease with ``token`` (a write under it may go on)."""
-    row = await conn.execute(
-        select(L.fencing_token).where(
-            L.partition == partition,
-            L.response_key == key,
-            L.owner == owner,
-            L.fencing_token == token,
-            L.state == "running",
-        )
-    )
+    row = await conn.execute(select(L.fencing_token).where(*_held(partition, key, owner, token)))
     return row.first() is not None
 
 
@@ -184,13 +179,7 @@ async def end_fenced(
     """End a lease with its terminal status, only under ``token``; False: refused (fenced out)."""
     result = await conn.execute(
         update(leases)
-        .where(
-            L.partition == partition,
-            L.response_key == key,
-            L.owner == owner,
-            L.fencing_token == token,
-            L.state == "running",
-        )
+        .where(*_held(partition, key, owner, token))
         .values(state="ended", ended_status=status[:16], ended_by=owner, ended_at=_now(conn))
     )
     return bool(result.rowcount == 1)
