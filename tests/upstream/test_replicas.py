@@ -381,8 +381,15 @@ async def test_a_foreground_stream_in_flight_is_not_found_on_every_replica_as_on
         async for _line in lines:
             pass
         bases = (a.base_url, b.base_url)
-        got = [(await http.get(f"{u}/responses/{rid}")).json()["status"] for u in bases]
-        assert got == ["completed", "completed"]
+
+        async def answers() -> list[httpx.Response] | None:
+            got = [await http.get(f"{u}/responses/{rid}") for u in bases]
+            return got if all(r.status_code == 200 for r in got) else None
+
+        # The response is stored (and its lease ended) after the stream's last line reaches us, so a
+        # GET at once can still get the in-flight 404: wait for both to answer, then they must agree.
+        got = await poll(answers, "both replicas answering the ended foreground response")
+        assert [r.json()["status"] for r in got] == ["completed", "completed"]
 
 
 def _text_of(body: dict[str, Any]) -> str:
