@@ -4,7 +4,8 @@
 untimed responses (connections opened, first-use costs paid), then ``RESPONSES`` streaming responses
 with ``CONCURRENCY`` in flight at a time, then ``POST /_bench/flush``; it prints one JSON object:
 wall seconds, per-response latencies (request sent to the stream's last byte), the server process's
-CPU seconds over the timed part and the flush (``psutil``: user + system, every thread), and the SSE
+CPU seconds over the timed part and the flush (``psutil``: user + system, every thread), the part of
+it the server spent in the garbage collector (``GET /_bench/gc`` before and after), and the SSE
 events received (the warm-up's included, for the count against the database).
 """
 
@@ -55,6 +56,7 @@ async def run(url: str, pid: int, concurrency: int, n: int) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=PER_RESPONSE) as http:
         warm = await drive(http, concurrency, concurrency, 0)
+        gc0 = (await http.get("/_bench/gc")).json()
         cpu0 = server.cpu_times()
         t = time.perf_counter()
         timed = await drive(http, concurrency, n, concurrency)
@@ -62,6 +64,7 @@ async def run(url: str, pid: int, concurrency: int, n: int) -> dict[str, Any]:
         async with asyncio.timeout(150):
             spooled = (await http.post("/_bench/flush", timeout=150)).json()["spooled"]
         cpu1 = server.cpu_times()
+        gc1 = (await http.get("/_bench/gc")).json()
     return {
         "wall": wall,
         "latencies": [lat for lat, _ in timed],
@@ -69,6 +72,8 @@ async def run(url: str, pid: int, concurrency: int, n: int) -> dict[str, Any]:
         "events": sum(ev for _, ev in warm) + sum(ev for _, ev in timed),
         "events_per_response": sorted({ev for _, ev in timed}),
         "spooled": spooled,
+        "gc": gc1["seconds"] - gc0["seconds"],
+        "gc_full": gc1["collections"][2] - gc0["collections"][2],
     }
 
 

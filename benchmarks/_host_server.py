@@ -12,7 +12,10 @@ to a folder of this server's own. Two routes of the benchmark's own sit beside t
 - ``POST /_bench/reset`` empties that folder (between rounds, while no response is in flight) and
   collects garbage, so every round starts from the same host state;
 - ``POST /_bench/flush`` returns once the sink has written everything it was given (at once without
-  a sink), so the server CPU measured around a run includes the writing it caused.
+  a sink), so the server CPU measured around a run includes the writing it caused;
+- ``GET /_bench/gc`` returns the seconds this process has spent in the cyclic garbage collector so
+  far, and how many collections of each generation ran (``gc.callbacks``, every thread), so the
+  part of the CPU time that is collection can be told apart from the rest.
 
 The sink is started and closed in the app's lifespan, on uvicorn's event loop: uvicorn re-raises
 SIGTERM once it has stopped, so code after ``serve()`` may never run, and a sink closed there would
@@ -29,6 +32,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -98,8 +102,33 @@ def empty_folder(root: Path) -> None:
             child.unlink(missing_ok=True)
 
 
-def add_bench_routes(server: ResponsesHostServer, sink: SqlSink | None, state_root: Path) -> None:
-    """``/_bench/reset`` and ``/_bench/flush``, ahead of the host's routes."""
+class GcClock:
+    """Seconds spent in the cyclic garbage collector, and collections per generation, since
+    :meth:`install` (a ``gc.callbacks`` hook: the collector runs on whichever thread allocated)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._started = 0.0
+
+    def install(self) -> None:
+        gc.callbacks.append(self._hook)
+
+    def _hook(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.collections[info["generation"]] += 1
+
+    def reading(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "collections": list(self.collections)}
+
+
+def add_bench_routes(
+    server: ResponsesHostServer, sink: SqlSink | None, state_root: Path, clock: GcClock
+) -> None:
+    """``/_bench/reset``, ``/_bench/flush`` and ``/_bench/gc``, ahead of the host's routes."""
 
     async def reset(_request: Request) -> JSONResponse:
         empty_folder(state_root)
@@ -113,9 +142,13 @@ def add_bench_routes(server: ResponsesHostServer, sink: SqlSink | None, state_ro
             return JSONResponse({"spooled": sink.stats.batches_spooled})
         return JSONResponse({"spooled": 0})
 
+    async def collector(_request: Request) -> JSONResponse:
+        return JSONResponse(clock.reading())
+
     server.router.routes[:0] = [
         Route("/_bench/reset", reset, methods=["POST"]),
         Route("/_bench/flush", flush, methods=["POST"]),
+        Route("/_bench/gc", collector, methods=["GET"]),
     ]
 
 
@@ -134,7 +167,9 @@ async def serve(args: argparse.Namespace) -> None:
     app = build_server(args.variant, sink)
     if sink is not None:
         app.router.lifespan_context = _sink_in_lifespan(app.router.lifespan_context, sink)
-    add_bench_routes(app, sink, Path(os.environ["AGENTSERVER_STATE_ROOT"]))
+    clock = GcClock()
+    clock.install()
+    add_bench_routes(app, sink, Path(os.environ["AGENTSERVER_STATE_ROOT"]), clock)
     server = uvicorn.Server(
         uvicorn.Config(
             app,

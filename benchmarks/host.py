@@ -228,6 +228,23 @@ def spread(xs: list[float]) -> str:
     return f"{min(xs):.2f}-{max(xs):.2f}x" if xs else "-"
 
 
+def gc_row(concurrency: int, n: int, variant: str, runs: list[dict[str, Any]]) -> Row:
+    """Reported: the server's time in the garbage collector per response, and its share of the
+    server's CPU time (where part of a variant's extra CPU goes: the heap it keeps alive is
+    traversed by every full collection)."""
+    per = [r["gc"] / n * 1000 for r in runs]
+    share = [r["gc"] / r["cpu"] * 100 for r in runs if r["cpu"] > 0]
+    full = [int(r["gc_full"]) for r in runs]
+    return Row(
+        ITEM,
+        f"c={concurrency}, {LABEL[variant]}: garbage collection per response",
+        median(per),
+        "ms",
+        note=f"{median(share):.1f} % of the server CPU (spread {min(share):.1f}-{max(share):.1f} %); "
+        f"full collections per round {min(full)}-{max(full)}; spread {min(per):.3g}-{max(per):.3g} ms",
+    )
+
+
 def rows_for(
     concurrency: int, n: int, runs: dict[str, list[dict[str, Any]]], variants: list[str]
 ) -> list[Row]:
@@ -246,6 +263,7 @@ def rows_for(
         for key, what, unit, _d, _t in FIGURES
         if key in ("rps", "cpu")
     ]
+    rows += [gc_row(concurrency, n, v, runs[v]) for v in variants]
     for v in variants:
         if v == "unguarded":
             continue

@@ -26,6 +26,11 @@ async def test_quick_host_run_reports_every_variant_and_loses_no_event() -> None
         for label in ("guarded, no sink", "guarded + SQLite sink"):
             for figure in ("responses/s", "server CPU per response", "p50 per response", "p99 per response"):
                 assert f"c={c}, {label}: {figure}" in whats
+        for label in ("unguarded server", "guarded, no sink", "guarded + SQLite sink"):
+            assert f"c={c}, {label}: garbage collection per response" in whats
+    collected = [r for r in rows if "garbage collection" in r.what]
+    # Counted in the server (gc.callbacks), read over HTTP: a figure, never a negative one.
+    assert all(r.value is not None and r.value >= 0 and "% of the server CPU" in r.note for r in collected)
     lost = [r for r in rows if "not in the database" in r.what]
     assert lost, "no row counts the events against the database"
     # Losing nothing is a correctness figure, not a timing: it holds at any size.
