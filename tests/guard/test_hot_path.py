@@ -16,6 +16,7 @@ from eventguard.testing.streams import Scripted, stream_events, terminal
 
 from .helpers import (
     ClaimsEveryClass,
+    CountingSink,
     drain,
 )
 
@@ -133,3 +134,44 @@ async def test_an_object_events_type_whose_class_claims_to_be_str_never_joins_th
     out = await drain(guard(Scripted(events), asyncio.Event()))
     assert [e is odd for e in out].count(True) == 2
     assert [e is odd for e in seen].count(True) == 2
+
+
+@pytest.mark.parametrize("final", ["completed", None])
+@pytest.mark.parametrize("deltas", [255, 256, 257, 511, 512, 1_000])
+async def test_every_event_is_numbered_once_and_in_order_however_long_the_stream(
+    deltas: int, final: str | None
+) -> None:
+    # The hot loop counts in a small int folded into the total every 256 events (core.py): the
+    # numbers the recorder gets, and the count the lifecycle ends with, cross those folds intact,
+    # with a slow-path event (a new output type) in the middle and at a fold, and when the stream
+    # ends on a delta (no terminal: the hot path's count is the last word).
+    events = stream_events(deltas, final)
+    odd = {"type": "response.output_item.added", "output_index": 1, "item": {"type": "message"}}
+    at = [2 + deltas // 2, 2 + 255]
+    script = list(events)
+    for i in sorted(at, reverse=True):
+        script.insert(min(i, len(script) - 1), dict(odd))  # before the last event, whatever it is
+    sink = CountingSink()
+    g = guard(Scripted(script), asyncio.Event(), sink=sink)
+    async with asyncio.timeout(10):
+        out = await drain(g)
+    assert len(out) == len(script) + (final is None)  # the guard's own terminal for a stream without one
+    # Every event the guard forwards, lifecycle events included, is numbered 0, 1, 2, ... in order.
+    assert sink.events == list(range(len(out)))
+    assert g.lifecycle.events_forwarded == len(out)  # the guard's own terminal, when it sent one, included
+
+
+@pytest.mark.parametrize("taken", [255, 256, 300, 700])
+async def test_a_consumer_that_stops_early_leaves_the_count_of_what_it_was_given(taken: int) -> None:
+    # The count the lifecycle keeps when the consumer closes the guard mid-stream (a careless
+    # caller's break out of async for, then aclose) is what was handed over, across the hot loop's
+    # folds of its small counter.
+    g = guard(Scripted(stream_events(1_000)), asyncio.Event())
+    got = 0
+    async with asyncio.timeout(10):
+        async for _ in g:
+            got += 1
+            if got == taken:
+                break
+        await g.aclose()
+    assert g.lifecycle.events_forwarded == taken
