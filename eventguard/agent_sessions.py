@@ -3,10 +3,11 @@
 ``ResponsesHostServer`` keeps each chat agent's ``AgentSession`` (``to_dict()``) through its
 ``agent_session_store_provider``; by default in files under ``AGENTSERVER_STATE_ROOT``.
 :class:`SqlAgentSessionStoreProvider` keeps them in ``eventguard_agent_sessions`` instead, through
-the response store's engine, transactions and encoding (:mod:`eventguard.provider`,
-:mod:`eventguard.envelopes`): rows keyed by the SHA-256 of the platform user and of the exact
-session id, the session as ASCII JSON text, so any id and any content the host hands over is stored
-exactly, or refused with :class:`~eventguard.errors.UnstorableError`.
+the response store's transactions (``SqlResponseProvider.transactions``, an
+:class:`eventguard.sql.transactions.Transactions`: its engine, schema check and storage errors) and
+encoding (:mod:`eventguard.envelopes`): rows keyed by the SHA-256 of the platform user and of the
+exact session id, the session as ASCII JSON text, so any id and any content the host hands over
+is stored exactly, or refused with :class:`~eventguard.errors.UnstorableError`.
 
 Concurrency is the database's, as the host's own store does it with ETags: a store remembers the
 version it read, and writes only over that version (a conditional UPDATE), or only where there is
@@ -25,9 +26,9 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from eventguard.envelopes import ANONYMOUS, ProviderStorageError, dump, key, load
+from eventguard.envelopes import ANONYMOUS, ProviderStorageError, dump, encode_id, key, load
 from eventguard.errors import UnstorableError
-from eventguard.provider import SqlResponseProvider, _enc_id
+from eventguard.provider import SqlResponseProvider
 from eventguard.sql.tables import agent_sessions as _t
 
 __all__ = ["CONFLICT", "SqlAgentSessionStore", "SqlAgentSessionStoreProvider"]
@@ -55,19 +56,23 @@ class SqlAgentSessionStore(SessionStore):
     """
 
     def __init__(self, provider: SqlResponseProvider, partition: str) -> None:
-        self._provider = provider
+        self._transactions = provider.transactions
         self._partition = partition
         #: session id -> the version read (None: read, and absent).
         self._versions: dict[str, int | None] = {}
 
-    def _key(self, session_id: str) -> Any:
+    def _row_key(self, session_id: str) -> str:
+        """The session's row key (after the host's own check of the id)."""
         SessionStore.validate_session_id(session_id)
-        return (_t.c.partition == self._partition) & (_t.c.session_key == key(session_id))
+        return key(session_id)
+
+    def _where(self, session_key: str) -> Any:
+        return (_t.c.partition == self._partition) & (_t.c.session_key == session_key)
 
     async def get(self, session_id: str) -> AgentSession | None:
         """The stored session, or ``None`` when there is none."""
-        where = self._key(session_id)
-        async with self._provider._tx("read") as conn:
+        where = self._where(self._row_key(session_id))
+        async with self._transactions.open("read") as conn:
             row = (await conn.execute(select(_t.c.value, _t.c.version).where(where))).first()
         if row is None:
             self._versions[session_id] = None
@@ -81,19 +86,20 @@ class SqlAgentSessionStore(SessionStore):
 
     async def set(self, session_id: str, session: AgentSession) -> None:
         """Store ``session``: over the version read, where none was when none was read."""
-        where = self._key(session_id)
+        session_key = self._row_key(session_id)
+        where = self._where(session_key)
         value = dump(session.to_dict(), "an agent session")
         now = datetime.now(UTC)
         read = session_id in self._versions
         version = self._versions.get(session_id)
         row = {
             "partition": self._partition,
-            "session_key": key(session_id),
-            "session_id": _enc_id(session_id),
+            "session_key": session_key,
+            "session_id": encode_id(session_id),
             "value": value,
             "updated_at": now,
         }
-        async with self._provider._tx("write") as conn:
+        async with self._transactions.open("write") as conn:
             if version is not None:
                 done = await conn.execute(
                     update(_t)
@@ -103,7 +109,7 @@ class SqlAgentSessionStore(SessionStore):
                 )
                 written = done.scalar_one_or_none()
             else:
-                insert = self._provider._insert(_t).values(**row, version=1)
+                insert = self._transactions.insert(_t).values(**row, version=1)
                 if read:
                     statement = insert.on_conflict_do_nothing(index_elements=["partition", "session_key"])
                 else:
@@ -118,8 +124,8 @@ class SqlAgentSessionStore(SessionStore):
 
     async def delete(self, session_id: str) -> None:
         """Delete the stored session, if there is one."""
-        where = self._key(session_id)
-        async with self._provider._tx("write") as conn:
+        where = self._where(self._row_key(session_id))
+        async with self._transactions.open("write") as conn:
             await conn.execute(delete(_t).where(where))
         self._versions.pop(session_id, None)
 

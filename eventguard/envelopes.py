@@ -6,7 +6,8 @@ the leases, the reaper) write the same rows, so they key and encode them one way
 
 - :func:`key` turns an exact string (a response id, a user) into a row key; :func:`partition`
   turns the host's context into the partition its rows live in (:data:`ANONYMOUS` without a user);
-  :func:`shown` is the id as the event sink stores it (for people, and for joins with its tables).
+  :func:`shown` is the id as the event sink stores it (for people, and for joins with its tables);
+  :func:`encode_id` stores an exact id in a text column, :func:`decode_id` reads it back.
 - :func:`dump` turns an envelope or item into ASCII JSON text that reads back equal (or refuses it
   with :class:`~eventguard.errors.UnstorableError`); :func:`load` reads it back (or raises
   :class:`ProviderStorageError`).
@@ -28,7 +29,19 @@ from eventguard.errors import ResponseStoreError, UnstorableError
 from eventguard.sql import storable
 from eventguard.sql.tables import ID
 
-__all__ = ["ANONYMOUS", "DATETIME_TAG", "ProviderStorageError", "dump", "key", "load", "partition", "shown"]
+__all__ = [
+    "ANONYMOUS",
+    "DATETIME_TAG",
+    "ENCODED_ID",
+    "ProviderStorageError",
+    "decode_id",
+    "dump",
+    "encode_id",
+    "key",
+    "load",
+    "partition",
+    "shown",
+]
 
 #: The partition of a call without a user (no context, or ``user_id_key`` None).
 ANONYMOUS = "anonymous"
@@ -37,6 +50,9 @@ ANONYMOUS = "anonymous"
 #: ``created_at``): ``{TAG: isoformat}``, read back as the same ``datetime``. A real object spelt
 #: like that would read back as a datetime: the round-trip check refuses it instead.
 DATETIME_TAG = "$eventguard.datetime"
+
+#: Marks an id stored JSON-encoded because it is not storable as it is (see :func:`encode_id`).
+ENCODED_ID = "~"
 
 
 class ProviderStorageError(ResponseStoreError, ResponseStoreCorruptionError):
@@ -104,6 +120,24 @@ def load(text: str | None, what: str) -> Any:
 def key(value: str) -> str:
     """The row key of an exact string ``value``: its SHA-256 (lone surrogates kept by surrogatepass)."""
     return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def encode_id(value: str) -> str:
+    """An exact id in a text column: as it is when storable, else ``~`` and its ASCII JSON."""
+    if storable.storable(value) and not value.startswith(ENCODED_ID):
+        return value
+    return ENCODED_ID + json.dumps(value, ensure_ascii=True)
+
+
+def decode_id(text: str) -> str:
+    """The exact id :func:`encode_id` stored as ``text``; :class:`ProviderStorageError` when it
+    decodes to something else than a string."""
+    if text.startswith(ENCODED_ID):
+        decoded = json.loads(text[1:])
+        if isinstance(decoded, str):
+            return decoded
+        raise ProviderStorageError("a stored item id does not decode to a string")
+    return text
 
 
 def partition(context: object) -> str:

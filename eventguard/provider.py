@@ -68,7 +68,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 import sqlite3
 import threading
@@ -77,7 +76,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mappin
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import aiosqlite
 from azure.ai.agentserver.responses.store._base import (
@@ -95,13 +94,13 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.dialects import postgresql as pg_dialect
-from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from eventguard.envelopes import ProviderStorageError
+from eventguard.envelopes import ENCODED_ID, ProviderStorageError
+from eventguard.envelopes import decode_id as _dec_id
 from eventguard.envelopes import dump as _dump
+from eventguard.envelopes import encode_id as _enc_id
 from eventguard.envelopes import key as _key
 from eventguard.envelopes import load as _load
 from eventguard.envelopes import partition as _partition
@@ -119,6 +118,7 @@ from eventguard.sql.tables import (
     provider_links,
     provider_responses,
 )
+from eventguard.sql.transactions import Transactions
 
 __all__ = ["ProviderStorageError", "SqlResponseProvider", "prune_store", "read_envelopes"]
 
@@ -128,8 +128,6 @@ log = logging.getLogger(__name__)
 MIN_PAGE, MAX_PAGE = 1, 100
 #: Ids looked up per statement (both drivers bind at most ~32k parameters).
 CHUNK = 500
-#: Marks an id stored JSON-encoded because it is not storable as it is (see ``_enc_id``).
-_ENCODED = "~"
 #: Times a history write looks again after another writer took the slot it wanted (each look
 #: finds more stored: only a storm of writers on one chain could need more than two).
 HISTORY_ATTEMPTS = 8
@@ -140,26 +138,10 @@ T = TypeVar("T")
 # -- encoding: exact values as text any column holds -------------------------------------------------
 
 
-def _enc_id(value: str) -> str:
-    """An exact id in a text column: as it is when storable, else ``~`` and its ASCII JSON."""
-    if storable.storable(value) and not value.startswith(_ENCODED):
-        return value
-    return _ENCODED + json.dumps(value, ensure_ascii=True)
-
-
-def _dec_id(text: str) -> str:
-    if text.startswith(_ENCODED):
-        decoded = json.loads(text[1:])
-        if isinstance(decoded, str):
-            return decoded
-        raise ProviderStorageError("a stored item id does not decode to a string")
-    return text
-
-
 def _dec_ids(stored: Sequence[str]) -> list[str]:
     """Many stored ids at once (a history's thousands): only the escaped ones cost a call. Read
     with ``scalars().all()``, not row by row: per-row fetching was most of a 2,000-id read."""
-    return [_dec_id(text) if text.startswith(_ENCODED) else text for text in stored]
+    return [_dec_id(text) if text.startswith(ENCODED_ID) else text for text in stored]
 
 
 def _id_of(value: object, what: str) -> str:
@@ -331,8 +313,12 @@ class SqlResponseProvider:
         # and two Alembic upgrades interleaved in one process fail both. One start at a time.
         self._starting = asyncio.Lock()
         self._sqlite = self.url.get_backend_name() == "sqlite"
-        insert = sqlite_dialect.insert if self._sqlite else pg_dialect.insert
-        self._insert = insert
+        #: Read and write transactions on the provider's database (the schema checked on first use,
+        #: every failure a :class:`ProviderStorageError`) and its dialect's INSERT: what the
+        #: provider and :class:`~eventguard.SqlAgentSessionStoreProvider` write through.
+        self.transactions = Transactions(
+            lambda: self.engine, self.url, prepare=self._ready_on_this_loop, errors=self._storage_errors
+        )
         #: SQLite file: every write transaction is one hand-off to a stdlib ``sqlite3`` thread (see
         #: :meth:`_write`). Not for a subclass that fences its writes: its hooks run on the event
         #: loop (a replica's lease bookkeeping is the loop's), so those go through the engine.
@@ -435,29 +421,11 @@ class SqlResponseProvider:
     async def __aexit__(self, *_exc: object) -> None:
         await self.aclose()
 
-    @asynccontextmanager
-    async def _tx(self, mode: Literal["read", "write"]) -> AsyncIterator[AsyncConnection]:
-        """One transaction; every failure of the database in it is a :class:`ProviderStorageError`.
-
-        Reads see one snapshot (SQLite: a deferred transaction under WAL; PostgreSQL: REPEATABLE
-        READ); writes take SQLite's write lock up front (``BEGIN IMMEDIATE``, the engine's default).
-        """
-        async with self._storage_errors():
-            self._on_this_loop()
-            if not self._ready:
-                await self.start()
-            options: dict[str, Any] = {}
-            if mode == "read":
-                options = (
-                    {_db.SQLITE_BEGIN_OPTION: "DEFERRED"}
-                    if self._sqlite
-                    else {"isolation_level": "REPEATABLE READ"}
-                )
-            async with self.engine.connect() as conn:
-                if options:
-                    await conn.execution_options(**options)
-                async with conn.begin():
-                    yield conn
+    async def _ready_on_this_loop(self) -> None:
+        """Before each transaction: the pool on the running loop, the schema checked once."""
+        self._on_this_loop()
+        if not self._ready:
+            await self.start()
 
     async def _write(self, body: Callable[[AsyncConnection], Coroutine[Any, Any, T]]) -> T:
         """``body(conn)`` in one write transaction, committed when this returns; every failure of the
@@ -474,16 +442,14 @@ class SqlResponseProvider:
         """
         writer = self._writer
         if writer is None:
-            async with self._tx("write") as conn:
+            async with self.transactions.open("write") as conn:
                 return await body(conn)
 
         def job(conn: SqliteConnection) -> T:
             return drive(body(cast(AsyncConnection, conn)))
 
         async with self._storage_errors():
-            self._on_this_loop()
-            if not self._ready:
-                await self.start()
+            await self._ready_on_this_loop()
             return await writer.transaction(job)
 
     @asynccontextmanager
@@ -506,9 +472,7 @@ class SqlResponseProvider:
         single statement outside a transaction is its own snapshot (WAL), so nothing is lost.
         """
         async with self._storage_errors():
-            self._on_this_loop()
-            if not self._ready:
-                await self.start()
+            await self._ready_on_this_loop()
             raw = await self.engine.raw_connection()
             try:
                 driver = raw.driver_connection
@@ -559,7 +523,7 @@ class SqlResponseProvider:
             "updated_at": now,
             "deleted_at": None,
         }
-        insert = self._insert(r).values(**values, version=1)
+        insert = self.transactions.insert(r).values(**values, version=1)
         revive = {k: insert.excluded[k] for k in values if k not in ("partition", "response_key")}
         stmt = insert.on_conflict_do_update(
             index_elements=[r.c.partition, r.c.response_key],
@@ -582,7 +546,7 @@ class SqlResponseProvider:
             await self._write_items(conn, part, [*prepared.inputs, *prepared.outputs], now)
             if prepared.conversation is not None:
                 await conn.execute(
-                    self._insert(provider_conversations)
+                    self.transactions.insert(provider_conversations)
                     .values(
                         partition=part,
                         conversation_key=_key(prepared.conversation),
@@ -610,7 +574,7 @@ class SqlResponseProvider:
                 rows = await self._read_sqlite(_SQLITE_GET_BODY, (part, key))
             body = rows[0][0] if rows else None
         else:
-            async with self._tx("read") as conn:
+            async with self.transactions.open("read") as conn:
                 body = (
                     await conn.execute(
                         select(r.c.body).where(
@@ -722,7 +686,7 @@ class SqlResponseProvider:
         part = _partition(context)
         page = max(MIN_PAGE, min(MAX_PAGE, _int_of(limit, "limit")))
         r = provider_responses
-        async with self._tx("read") as conn:
+        async with self.transactions.open("read") as conn:
             row = (
                 await conn.execute(
                     select(r.c.pk, r.c.deleted, r.c.history_node).where(
@@ -755,7 +719,7 @@ class SqlResponseProvider:
         ids = [_id_of(i, "an item id") for i in _many(item_ids, "item_ids")]
         if not ids:
             return []
-        async with self._tx("read") as conn:
+        async with self.transactions.open("read") as conn:
             bodies = await self._item_bodies(conn, part, ids)
         return [_load(bodies[i], f"item {i!a}") if i in bodies else None for i in ids]
 
@@ -783,12 +747,12 @@ class SqlResponseProvider:
             if previous_response_id is None:
                 return []
             key = _key(_id_of(previous_response_id, "previous_response_id"))
-            async with self._tx("read") as conn:
+            async with self.transactions.open("read") as conn:
                 chained = _dec_ids(
                     (await conn.execute(_CHAIN_QUERY, {"part": part, "key": key})).scalars().all()
                 )
             return _last(list(dict.fromkeys(chained)), limit)
-        async with self._tx("read") as conn:
+        async with self.transactions.open("read") as conn:
             if previous_response_id is not None:
                 row = (
                     await conn.execute(
@@ -923,7 +887,7 @@ class SqlResponseProvider:
         """Insert nodes into ``run``; with ``returning``, how many were inserted (0: a conflict)."""
         if not nodes:
             return 0
-        stmt = self._insert(provider_history).on_conflict_do_nothing()
+        stmt = self.transactions.insert(provider_history).on_conflict_do_nothing()
         rows = [
             {"node": n, "parent": p, "depth": d, "item_id": _enc_id(i), "run": run, "item_key": _key(i)}
             for n, p, d, i in nodes
@@ -962,7 +926,7 @@ class SqlResponseProvider:
         latest = dict(items)
         if not latest:
             return
-        stmt = self._insert(provider_items)
+        stmt = self.transactions.insert(provider_items)
         stmt = stmt.on_conflict_do_update(
             index_elements=[provider_items.c.partition, provider_items.c.item_key],
             set_={"body": stmt.excluded.body, "updated_at": stmt.excluded.updated_at},

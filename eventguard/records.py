@@ -14,6 +14,7 @@ from typing import Annotated, Any, Generic, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
 __all__ = [
+    "AgentSessionRecord",
     "AnomalyRecord",
     "Attempt",
     "EnvelopePruneResult",
@@ -260,6 +261,26 @@ class EnvelopePruneResult(_Record):
     envelopes: int
     items: int
     history_nodes: int
+
+
+class AgentSessionRecord(_Record):
+    """One agent session the host keeps in SQL (``SqlAgentSessionStoreProvider``,
+    ``eventguard_agent_sessions``), as read back.
+
+    - ``partition``: ``anonymous``, or the SHA-256 of the platform's ``user_id``.
+    - ``session_id``: the exact id the host stored it under (as stored when it does not decode).
+    - ``version``: bumped on every write; ``size``: the stored JSON text's length in characters.
+    - ``session``: the session (``AgentSession.to_dict()``), or None when ``problem`` says why it
+      cannot be read back as one (what ``eventguard verify`` reports).
+    """
+
+    partition: str
+    session_id: str
+    version: int
+    updated_at: UtcDatetime
+    size: int
+    session: dict[str, Any] | None
+    problem: str | None
 
 
 class PruneResult(_Record):

@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import ColumnElement, Select, delete, func, select, update
+from sqlalchemy import ColumnElement, Select, delete, func, select, tuple_, update
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from eventguard.errors import InvalidQueryError
 from eventguard.records import (
+    AgentSessionRecord,
     AnomalyRecord,
     Attempt,
     EnvelopePruneResult,
@@ -31,7 +32,7 @@ from eventguard.records import (
 )
 from eventguard.sql import engine as _db
 from eventguard.sql import storable
-from eventguard.sql.tables import ENDED, ID, STATES, anomalies, events, responses, transitions
+from eventguard.sql.tables import ENDED, ID, STATES, agent_sessions, anomalies, events, responses, transitions
 
 __all__ = ["ResponseStore", "stored_id"]
 
@@ -289,6 +290,39 @@ class ResponseStore:
         async with self._engine.begin() as conn:
             return await prune_store(conn, _cutoff(older_than))
 
+    async def agent_sessions(self, *, limit: int = 50) -> list[AgentSessionRecord]:
+        """The host's agent sessions in SQL (``SqlAgentSessionStoreProvider``), last written first,
+        at most ``limit``; a row that cannot be read back as a session is a record with its
+        ``problem`` (and no ``session``), not an error."""
+        query = select(agent_sessions).order_by(agent_sessions.c.updated_at.desc()).limit(_limit(limit))
+        async with self._reader.begin() as conn:
+            rows = (await conn.execute(query)).all()
+        return [_agent_session(row) for row in rows]
+
+    async def iter_agent_sessions(self, *, batch: int = 500) -> AsyncIterator[AgentSessionRecord]:
+        """Every stored agent session (as :meth:`agent_sessions` reads them), ``batch`` rows a read,
+        in key order (what ``eventguard verify`` checks)."""
+        a = agent_sessions.c
+        query = select(agent_sessions).order_by(a.partition, a.session_key).limit(_limit(batch))
+        after: tuple[str, str] | None = None
+        while True:
+            page = query if after is None else query.where(tuple_(a.partition, a.session_key) > after)
+            async with self._reader.begin() as conn:
+                rows = (await conn.execute(page)).all()
+            for row in rows:
+                yield _agent_session(row)
+            if len(rows) < batch:
+                return
+            after = (rows[-1].partition, rows[-1].session_key)
+
+    async def prune_agent_sessions(self, *, older_than: timedelta | datetime) -> int:
+        """Delete the host's agent sessions last written before ``older_than`` (an age or a time);
+        how many went."""
+        cutoff = _cutoff(older_than)
+        async with self._engine.begin() as conn:
+            done = await conn.execute(delete(agent_sessions).where(agent_sessions.c.updated_at < cutoff))
+        return int(done.rowcount)
+
     async def recover(
         self,
         *,
@@ -479,6 +513,58 @@ def _statuses(status: str | Iterable[str], *, allowed: Sequence[str]) -> list[st
         known = [s for s in STATES if s in allowed]
         raise InvalidQueryError(f"unknown status {bad[0]!r}: expected one of {', '.join(known)}")
     return values
+
+
+def _agent_session(row: Any) -> AgentSessionRecord:
+    """One stored agent session row, read back as the host's store reads it, or what is wrong with it."""
+    # Imported here: envelopes imports the host's protocol module, which only these reads need.
+    from eventguard.envelopes import ProviderStorageError, decode_id, key, load
+
+    problem: str | None = None
+    try:
+        session_id = decode_id(row.session_id)
+    except (ValueError, ProviderStorageError) as exc:
+        session_id, problem = row.session_id, f"its stored id does not decode: {exc}"
+    else:
+        if key(session_id) != row.session_key:
+            problem = "its stored id is not the one its row is keyed by"
+    session: dict[str, Any] | None = None
+    try:
+        value = load(row.value, "the stored session")
+    except ProviderStorageError as exc:
+        problem = problem or str(exc)
+    else:
+        shape = _session_shape(value)
+        if shape is not None:
+            problem = problem or shape
+        elif problem is None:
+            session = value
+    return AgentSessionRecord(
+        partition=row.partition,
+        session_id=session_id,
+        version=row.version,
+        updated_at=row.updated_at,
+        size=len(row.value),
+        session=session,
+        problem=problem,
+    )
+
+
+_JSON_KINDS = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+
+
+def _session_shape(value: Any) -> str | None:
+    """What keeps ``value`` from being an ``AgentSession.to_dict()`` that ``from_dict`` reads back."""
+    if not isinstance(value, dict):
+        return f"the stored session is {_JSON_KINDS.get(type(value), 'a number')}, not an object"
+    if not isinstance(value.get("session_id"), str):
+        return "the stored session's session_id is not a string"
+    service = value.get("service_session_id")
+    if service is not None and not isinstance(service, str):
+        return "the stored session's service_session_id is neither a string nor null"
+    if not isinstance(value.get("state", {}), dict):
+        return "the stored session's state is not an object"
+    return None
 
 
 def _limit(limit: int) -> int:

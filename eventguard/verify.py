@@ -15,6 +15,10 @@ response's verified status is also compared with the status of the envelope the 
 host's terminal ``update_response`` (durable when it returns) and the sink (within its flush
 interval, 50 ms by default), so for a moment one may be terminal while the other is not yet; two
 different terminal statuses are a disagreement.
+
+The host's agent sessions in the same database (``SqlAgentSessionStoreProvider``) are read too: one
+that is not JSON of an ``AgentSession.to_dict()``'s shape is a :class:`BadAgentSession`
+(:func:`bad_agent_sessions`).
 """
 
 from __future__ import annotations
@@ -41,7 +45,15 @@ from eventguard.records import Attempt, History, TransitionRecord
 from eventguard.sql.tables import TERMINAL, events, provider_responses, responses
 from eventguard.store import ResponseStore
 
-__all__ = ["Disagreement", "VerifyReport", "check_history", "envelope_disagreements", "verify"]
+__all__ = [
+    "BadAgentSession",
+    "Disagreement",
+    "VerifyReport",
+    "bad_agent_sessions",
+    "check_history",
+    "envelope_disagreements",
+    "verify",
+]
 
 
 @dataclass(frozen=True)
@@ -54,21 +66,35 @@ class Disagreement:
 
 
 @dataclass(frozen=True)
+class BadAgentSession:
+    """A stored agent session (``SqlAgentSessionStoreProvider``) the host could not read back:
+    ``partition`` and ``session_id`` as :class:`~eventguard.records.AgentSessionRecord` has them."""
+
+    partition: str
+    session_id: str
+    problem: str
+
+
+@dataclass(frozen=True)
 class VerifyReport:
     """What :func:`verify` found.
 
     ``checked``: responses read; ``without_history``: of those, rows whose history was pruned (a kept
     summary, nothing to replay); ``disagreements``: in insertion order of the responses.
+    ``agent_sessions``: the host's agent sessions read; ``bad_agent_sessions``: those that are not
+    JSON of an ``AgentSession.to_dict()``'s shape, or whose id does not match their row key.
     """
 
     checked: int
     without_history: int
     disagreements: tuple[Disagreement, ...]
+    agent_sessions: int = 0
+    bad_agent_sessions: tuple[BadAgentSession, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """No disagreement."""
-        return not self.disagreements
+        """No disagreement, and no bad agent session."""
+        return not self.disagreements and not self.bad_agent_sessions
 
     @property
     def disagreeing(self) -> int:
@@ -286,7 +312,20 @@ async def verify(
     found.extend(await envelope_disagreements(store, batch=batch))
     if progress is not None:
         progress(checked)
-    return VerifyReport(checked, without, tuple(found))
+    sessions, bad = await bad_agent_sessions(store, batch=batch)
+    return VerifyReport(checked, without, tuple(found), sessions, tuple(bad))
+
+
+async def bad_agent_sessions(store: ResponseStore, *, batch: int = 500) -> tuple[int, list[BadAgentSession]]:
+    """How many agent sessions ``store`` holds, and those the host could not read back (see
+    :meth:`ResponseStore.iter_agent_sessions`: a row's ``problem``)."""
+    count = 0
+    bad: list[BadAgentSession] = []
+    async for record in store.iter_agent_sessions(batch=batch):
+        count += 1
+        if record.problem is not None:
+            bad.append(BadAgentSession(record.partition, record.session_id, record.problem))
+    return count, bad
 
 
 async def envelope_disagreements(store: ResponseStore, *, batch: int = 1000) -> list[Disagreement]:

@@ -24,6 +24,7 @@ import eventguard.lifecycle
 import eventguard.recording
 import eventguard.records
 import eventguard.sql.engine
+import eventguard.sql.transactions
 import eventguard.store
 
 #: Every public name of ``eventguard``, in ``__all__``'s order (constants, classes, then the rest).
@@ -129,6 +130,7 @@ def test_every_public_name_of_the_package_is_in_all() -> None:
     "module",
     [
         eventguard.sql.engine,
+        eventguard.sql.transactions,
         eventguard.envelopes,
         eventguard.errors,
         eventguard.lifecycle,

@@ -1,4 +1,7 @@
-"""``eventguard prune`` and ``eventguard recover``: keep the store tidy and honest."""
+"""``eventguard prune`` and ``eventguard recover``: keep the store tidy and honest.
+
+``prune`` expires, by one age, the recorded history, the host's stored responses and its agent
+sessions."""
 
 from __future__ import annotations
 
@@ -33,19 +36,27 @@ def prune(
     schema: Schema = None,
     json: Json = False,
 ) -> None:
-    """Delete the history (events, transitions, anomalies) of responses that ended before the age."""
+    """Delete the history (events, transitions, anomalies) of responses that ended before the age,
+    and the host's stored responses and agent sessions last written before it."""
     age = parse_duration(older_than, "--older-than")
 
-    async def work(store: ResponseStore) -> tuple[PruneResult, EnvelopePruneResult]:
+    async def work(store: ResponseStore) -> tuple[PruneResult, EnvelopePruneResult, int]:
         return (
             await store.prune(older_than=age, keep_summary=not drop_summary),
             await store.prune_envelopes(older_than=age),
+            await store.prune_agent_sessions(older_than=age),
         )
 
     with progress(f"pruning history older than {older_than}", quiet=json):
-        result, envelopes = store_command(database_url, work, schema)
+        result, envelopes, sessions = store_command(database_url, work, schema)
     if json:
-        emit_json({**result.model_dump(mode="json"), "response_store": envelopes.model_dump(mode="json")})
+        emit_json(
+            {
+                **result.model_dump(mode="json"),
+                "response_store": envelopes.model_dump(mode="json"),
+                "agent_sessions": sessions,
+            }
+        )
         return
     say(
         f"pruned responses ended more than {older_than} ago: {result.events} events, "
@@ -55,6 +66,7 @@ def prune(
         f"pruned the host's response store: {envelopes.envelopes} envelopes, {envelopes.items} items, "
         f"{envelopes.history_nodes} history nodes"
     )
+    say(f"pruned the host's agent sessions last written more than {older_than} ago: {sessions}")
 
 
 def recover(

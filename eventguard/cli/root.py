@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 import eventguard
-from eventguard.cli import db, demo, maintenance, responses, spool, stats, verify
+from eventguard.cli import db, demo, maintenance, responses, sessions, spool, stats, verify
 from eventguard.cli._common import SafeGroup, register, say
 
 __all__ = ["app"]
@@ -45,6 +45,7 @@ def _root(
 register(app, demo.command, "demo")
 app.add_typer(db.app, name="db")
 app.add_typer(responses.app, name="responses")
+register(app, sessions.command, "sessions")
 register(app, stats.command, "stats")
 register(app, verify.command, "verify")
 app.add_typer(spool.app, name="spool")

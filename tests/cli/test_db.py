@@ -145,6 +145,7 @@ def test_from_without_sql_is_a_one_line_error(cli: Cli) -> None:
         ["db", "upgrade"],
         ["db", "current"],
         ["responses", "list"],
+        ["sessions"],
         ["stats"],
         ["verify"],
         ["spool", "replay"],

@@ -19,6 +19,7 @@ COMMANDS = [
     ["responses"],
     ["responses", "list"],
     ["responses", "show"],
+    ["sessions"],
     ["stats"],
     ["verify"],
     ["spool"],
@@ -46,7 +47,7 @@ def test_no_arguments_shows_help() -> None:
     assert "Usage" in result.output
     # click >= 8.2 raises a bare group's help as a usage error: it must not be escaped into one line
     assert "\\n" not in result.output and len(result.output.splitlines()) > 10, result.output
-    for name in ("demo", "db", "responses", "stats", "verify", "spool", "prune", "recover"):
+    for name in ("demo", "db", "responses", "sessions", "stats", "verify", "spool", "prune", "recover"):
         assert name in result.output
 
 

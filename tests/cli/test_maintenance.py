@@ -21,6 +21,7 @@ def test_prune_keeps_summaries(filled: str) -> None:
         "transitions": 0,
         "anomalies": 0,
         "response_store": {"envelopes": 0, "items": 0, "history_nodes": 0},
+        "agent_sessions": 0,
     }
     result = cli("prune", "--older-than", "0s")
     assert result.exit_code == 0, result.output

@@ -28,7 +28,14 @@ def test_verify_clean(filled: str) -> None:
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "checked 3 responses: no disagreement"
     data = json.loads(Cli(filled)("verify", "--json").stdout)
-    assert data == {"checked": 3, "without_history": 0, "disagreements": [], "ok": True}
+    assert data == {
+        "checked": 3,
+        "without_history": 0,
+        "disagreements": [],
+        "agent_sessions": 0,
+        "bad_agent_sessions": [],
+        "ok": True,
+    }
 
 
 def sql(tmp_path: Path, statement: str) -> None:

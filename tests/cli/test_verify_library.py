@@ -57,8 +57,8 @@ async def test_verify_reads_a_page_of_responses_at_a_time_not_one_query_per_resp
     assert report.ok and report.checked == 30
     # three pages of ten (rows, events, transitions, anomalies each) and the empty page that ends it
     # three pages of ten (rows, events, transitions, anomalies each), the empty page that ends them,
-    # and one (empty) page of the host's stored envelopes
-    assert len(statements) == 3 * 4 + 1 + 1, statements
+    # one (empty) page of the host's stored envelopes, and one (empty) page of its agent sessions
+    assert len(statements) == 3 * 4 + 1 + 1 + 1, statements
     assert checked == [10, 20, 30, 30]
 
 
@@ -92,7 +92,7 @@ async def test_verify_finds_what_check_history_finds_in_each_typed_history(
             "WHERE response_id = 'resp_done' AND to_state = 'completed';"
             # resp_boom: a terminal event that does not validate, and a second attempt that
             # stores an event after its terminal and a transition to an unknown state
-            "UPDATE eventguard_events SET payload = '{\"type\": \"response.failed\"}' "
+            'UPDATE eventguard_events SET payload = \'{"type": "response.failed"}\' '
             "WHERE response_id = 'resp_boom' AND type = 'response.failed';"
             "INSERT INTO eventguard_events (response_id, attempt, seq, type, payload, recorded_at) "
             "SELECT response_id, 2, seq, type, payload, recorded_at FROM eventguard_events "
