@@ -193,10 +193,9 @@ class Replica:
         - stored: after one lease the stored envelope is looked at at the heartbeat's cadence
           (at once while :meth:`stop` runs): terminal ends the wait; in flight, *or not stored
           yet*, the wait goes on, up to ``settle_wait`` (default six leases). "Not stored yet" is
-          not "done": 2.2.0b1's host, and either host for a run that ended before its
-          ``response.created``, writes the envelope once, at the end (``create_response``), and
-          under load that write came later than one lease, when ending the lease there left it
-          unfenced.
+          not "done": the host (2.2.0b1 and 2.4.0b1) writes the envelope of a run that ended
+          before its ``response.created`` once, at the end (``create_response``), and a write
+          later than one lease found the lease ended there, and went unfenced.
 
         Run as a task after the handler (:meth:`settle_later`, from ``foundry``)."""
         where = (_partition(context), _key(response_id))

@@ -5,9 +5,9 @@ Before, ``Replica.settle`` ended the lease one lease after the handler, never re
 the late terminal found the lease ended (and written unfenced).
 
 Whether the host stores the response decides what "nothing stored" means (the host's own
-``ResponseContext`` of each end, ``mode_flags.store``): stored, it is a terminal still to come (2.2.0b1,
-and either host for a run that ended before its ``response.created``, writes the envelope once, at the
-end), so the lease is kept for it; ``store=false``, the host writes nothing, so the lease ends at once.
+``ResponseContext`` of each end, ``mode_flags.store``): stored, it is a terminal still to come (the
+host writes the envelope of a run that ended before its ``response.created`` once, at the end), so the
+lease is kept for it; ``store=false``, the host writes nothing, so the lease ends at once.
 Before, "never stored" ended the wait after one lease, and a later terminal was written unfenced."""
 
 from __future__ import annotations
