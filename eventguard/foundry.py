@@ -25,7 +25,6 @@ user of the host).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import inspect
 from collections import OrderedDict
@@ -257,14 +256,8 @@ class GuardedResponses:
                     yield event
         finally:
             if replica is not None and info.response_id is not None:
-                _settling.add(task := asyncio.get_running_loop().create_task(
-                    replica.settle(info.response_id, context)
-                ))  # fmt: skip
-                task.add_done_callback(_settling.discard)
-
-
-#: Lease settlements running after their handler ended (kept so they are not collected).
-_settling: set[asyncio.Task[None]] = set()
+                # A task of the replica (kept there, and given its chance when the replica stops).
+                replica.settle_later(info.response_id, context)
 
 
 class _Flag:

@@ -25,8 +25,9 @@ class ReplicaOptions:
       owner's taking the cancel (the host's own cancel wait is 10 s, from its receiving it; the
       default adds the terminal's write), and as long again for the owner to take it.
     - ``settle_wait``: seconds at most a run's lease is kept (renewed under its token) after its
-      handler ended, for the host's terminal write, while the stored envelope is still in flight
-      (default six times ``lease``); then the lease is ended as a response never stored.
+      handler ended, for the host's terminal write, while the stored envelope is still in flight or,
+      the host storing the response, not written yet (default six times ``lease``); then the lease
+      is ended. A ``store=false`` response's lease ends with its handler.
     """
 
     identity: str | None = None

@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 
 #: The PostgreSQL channel a relayed cancel is announced on (payload: the owner's identity).
 CHANNEL = "eventguard_cancel"
+#: Seconds at most :meth:`Replica.stop` waits for the settlements still running (the host's own
+#: shutdown grace has already passed by then; an orchestrator's kill comes not much later).
+STOP_SETTLE_WAIT = 2.0
+#: Stored statuses a settlement keeps waiting on: in flight, or nothing stored yet (None).
+_WAITED_FOR = frozenset({*snapshot.IN_FLIGHT, None})
 #: Headers of the original cancel request the owner's host needs (its user partition, call id).
 _KEPT_HEADERS = ("x-agent-user-id", "x-agent-foundry-call-id", "authorization")
 
@@ -59,6 +64,9 @@ class Replica:
         self._wake = asyncio.Event()
         self._listener: Any = None
         self._delivering: set[asyncio.Task[None]] = set()
+        #: Settlements running after their handler (:meth:`settle_later`): (partition, key, id, user).
+        self._settling: dict[asyncio.Task[None], tuple[str, str, str, str | None]] = {}
+        self._stopping = asyncio.Event()
 
     # -- lifetime ---------------------------------------------------------------------------------
 
@@ -66,6 +74,7 @@ class Replica:
         """Start the heartbeat, the reaper and the cancel relay (after the storage has started)."""
         self._app = app
         self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
         await self._bound_idle_transactions()
         await self._listen()
         for loop in (self._heartbeat_loop, self._reaper_loop, self._cancel_loop):
@@ -73,7 +82,14 @@ class Replica:
         self.started = True
 
     async def stop(self) -> None:
+        """Stop the loops, after the settlements still running had their bounded chance
+        (:meth:`_stop_settling`): the host's own shutdown, which ran before, let its last responses
+        write their terminals."""
         self.started = False
+        try:
+            await self._stop_settling()
+        except Exception as exc:  # never in the way of the rest of the shutdown
+            log.warning("stopping: the settlements of this replica's leases failed: %s", exc)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -155,24 +171,42 @@ class Replica:
         async for item in inner:
             yield item
 
+    def settle_later(self, response_id: str, context: Any) -> None:
+        """Start :meth:`settle` as a task of this replica (after the handler ended): its caller is
+        never held up by it, and :meth:`stop` gives it a bounded chance to finish."""
+        task = asyncio.get_running_loop().create_task(self.settle(response_id, context))
+        self._settling[task] = (_partition(context), _key(response_id), response_id, _user(context))
+        task.add_done_callback(lambda done: self._settling.pop(done, None))
+
     async def settle(self, response_id: str, context: Any) -> None:
         """After the handler ended: give the host the time to write the terminal (which ends the
-        lease under the token); then end the lease if nothing did (a response never stored).
+        lease under the token); then end the lease if nothing did.
 
         The host's write can come later than one lease (seen under heavy load), so while waiting
         the lease is renewed under its token at the heartbeat's cadence (the heartbeat itself can be
-        late then too). After one lease the stored envelope is looked at at that cadence: ended, or
-        never stored, ends the wait, as one lease did before; still in flight, the wait goes on, up to
-        ``settle_wait`` (default six leases). Run as a task after the handler (``foundry``): its
-        caller is never held up by it."""
+        late then too). What ends the wait is decided by whether the host stores the response
+        (:func:`_host_stores`: the context's ``mode_flags.store``, else the request's ``store``;
+        unknown counts as stored, the host's default):
+
+        - not stored (``store=false``): at once. The host writes nothing for it, so nothing would
+          end the lease, and there is no write to fence.
+        - stored: after one lease the stored envelope is looked at at the heartbeat's cadence
+          (at once while :meth:`stop` runs): terminal ends the wait; in flight, *or not stored
+          yet*, the wait goes on, up to ``settle_wait`` (default six leases). "Not stored yet" is
+          not "done": the host (2.2.0b1 and 2.4.0b1) writes the envelope of a run that ended
+          before its ``response.created`` once, at the end (``create_response``), and a write
+          later than one lease found the lease ended there, and went unfenced.
+
+        Run as a task after the handler (:meth:`settle_later`, from ``foundry``)."""
         where = (_partition(context), _key(response_id))
-        user = getattr(context, "user_id_key", None)
+        user = _user(context)
+        stored = _host_stores(context)
         loop = asyncio.get_running_loop()
         start = loop.time()
         every = self.options.heartbeat_every
         bound = start + max(self.options.settle_within, self.options.lease)
         renew_due, look_due = start + every, start + self.options.lease
-        while (token := self.tokens.get(where)) is not None and loop.time() < bound:
+        while stored and (token := self.tokens.get(where)) is not None and loop.time() < bound:
             now = loop.time()
             if now >= renew_due:
                 renew_due = now + every
@@ -186,17 +220,55 @@ class Replica:
                     held = True
                 if not held:
                     break  # no longer ours: the end below is refused, as any write under it would be
-            if now >= look_due:
+            if now >= look_due or self._stopping.is_set():
                 look_due = now + every
-                if await self._stored_ended(response_id, user if isinstance(user, str) else None):
-                    break
+                if await self._stored_status(response_id, user) not in _WAITED_FOR:
+                    break  # terminal (or unreadable as a dict: the host's fallback answers it)
             await asyncio.sleep(0.05)  # the terminal write happens in the host, after the handler
+        await self._end_settled(where)
+
+    async def _end_settled(self, where: tuple[str, str]) -> None:
         token = self.tokens.pop(where, None)
         self.ended.discard(where)
         self.runs.discard(where)
         if token is not None:
             async with self._tx() as conn:
                 await lease_sql.end_fenced(conn, where[0], where[1], self.identity, token, "ended")
+
+    async def _stop_settling(self) -> None:
+        """At exit: the settlements still running get a bounded chance to finish (:data:`STOP_SETTLE_WAIT`,
+        looking at the store at once); then, of the leases still held, each whose stored envelope is
+        already terminal is ended under its token. The others (in flight, or never stored) are left
+        for another replica's reaper, after their lease, and said so in a log line."""
+        if not self._settling:
+            return
+        self._stopping.set()
+        pending = dict(self._settling)
+        _done, late = await asyncio.wait(pending, timeout=min(STOP_SETTLE_WAIT, self.options.settle_within))
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)  # a cancel of stop() itself still stops it
+        for task in late:
+            part, key, response_id, user = pending[task]
+            if (part, key) not in self.tokens:
+                continue
+            try:
+                async with asyncio.timeout(STOP_SETTLE_WAIT):
+                    status = await self._stored_status(response_id, user)
+                    if status in _WAITED_FOR:
+                        log.warning(
+                            "stopping with response %r %s: its lease is left for another replica's "
+                            "reaper (after the lease)", response_id,
+                            "still in flight in the store" if status else "not stored yet",
+                        )  # fmt: skip
+                        continue
+                    await self._end_settled((part, key))
+            except Exception as exc:  # the reaper of another replica ends it after the lease
+                log.warning(
+                    "stopping: could not end the lease of %r (%s): left for a reaper",
+                    response_id,
+                    exc,
+                )
 
     async def _lease_elsewhere(self, response_id: str, user: str | None) -> lease_sql.Lease | None:
         """The live lease another replica holds on the response, if one does."""
@@ -312,11 +384,17 @@ class Replica:
 
     async def _stored_ended(self, response_id: str, user: str | None) -> bool:
         """The stored envelope is no longer in flight (or is gone: the host answers that too)."""
+        return await self._stored_status(response_id, user) not in snapshot.IN_FLIGHT
+
+    async def _stored_status(self, response_id: str, user: str | None) -> str | None:
+        """The stored envelope's status; None when nothing is stored, or it cannot be read; any
+        other string (``"?"``) for something stored that is not an envelope with a status."""
         try:
             stored = await self.provider.get_response(response_id, context=SimpleNamespace(user_id_key=user))
         except Exception:  # not found, or unreadable: the host's own fallback answers it
-            return True
-        return not isinstance(stored, dict) or stored.get("status") not in snapshot.IN_FLIGHT
+            return None
+        status = stored.get("status") if isinstance(stored, dict) else None
+        return status if isinstance(status, str) else "?"
 
     async def _bound_idle_transactions(self) -> None:
         """On PostgreSQL, a session of this replica idle inside a transaction for longer than a
@@ -516,3 +594,22 @@ def _background(context: Any) -> bool | None:
     """The run's mode as the host's context gives it (``mode_flags.background``); None when unknown."""
     value = getattr(getattr(context, "mode_flags", None), "background", None)
     return value if isinstance(value, bool) else None
+
+
+def _user(context: Any) -> str | None:
+    """The run's user key as the host gives it to its store: ``platform_context.user_id_key`` of
+    the host's ``ResponseContext`` (both ends), or a ``user_id_key`` of the context itself."""
+    for holder in (getattr(context, "platform_context", None), context):
+        user = getattr(holder, "user_id_key", None)
+        if isinstance(user, str):
+            return user
+    return None
+
+
+def _host_stores(context: Any) -> bool:
+    """Whether the host stores this response: the context's ``mode_flags.store`` (2.2.0b1 and
+    2.4.0b1), else its request's ``store`` (None: the default, stored); unknown counts as stored."""
+    flag = getattr(getattr(context, "mode_flags", None), "store", None)
+    if isinstance(flag, bool):
+        return flag
+    return getattr(getattr(context, "request", None), "store", None) is not False

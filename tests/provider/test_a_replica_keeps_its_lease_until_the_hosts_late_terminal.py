@@ -2,7 +2,13 @@
 terminal write, even when that write comes later than one lease (seen under heavy load); the wait
 is bounded (``settle_wait``), and a response with nothing in flight in the store ends it as before.
 Before, ``Replica.settle`` ended the lease one lease after the handler, never renewing meanwhile, so
-the late terminal found the lease ended (and written unfenced)."""
+the late terminal found the lease ended (and written unfenced).
+
+Whether the host stores the response decides what "nothing stored" means (the host's own
+``ResponseContext`` of each end, ``mode_flags.store``): stored, it is a terminal still to come (the
+host writes the envelope of a run that ended before its ``response.created`` once, at the end), so the
+lease is kept for it; ``store=false``, the host writes nothing, so the lease ends at once.
+Before, "never stored" ended the wait after one lease, and a later terminal was written unfenced."""
 
 from __future__ import annotations
 
@@ -11,6 +17,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from azure.ai.agentserver.responses._response_context import ResponseContext
+from azure.ai.agentserver.responses.models.runtime import ResponseModeFlags
 from sqlalchemy import select
 
 from eventguard.envelopes import key as row_key
@@ -29,12 +37,26 @@ LATE = 3.5 * LEASE
 
 
 class LateTerminal(FencedResponseProvider):
-    """The host's store under heavy load: a terminal ``update_response`` starts ``LATE`` seconds late."""
+    """The host's store under heavy load: a terminal write (``update_response``, or the
+    ``create_response`` of an envelope written only at the end) starts ``LATE`` seconds late."""
 
     async def update_response(self, response: Any, *, context: Any = None) -> None:
         if isinstance(response, dict) and response.get("status") in TERMINAL:
             await asyncio.sleep(LATE)
         await super().update_response(response, context=context)
+
+    async def create_response(
+        self, response: Any, input_items: Any, history_item_ids: Any, *, context: Any = None
+    ) -> None:
+        if isinstance(response, dict) and response.get("status") in TERMINAL:
+            await asyncio.sleep(LATE)
+        await super().create_response(response, input_items, history_item_ids, context=context)
+
+
+def _host_context(response_id: str, *, store: bool) -> ResponseContext:
+    """The context the host (this environment's end) gives a background run's handler."""
+    flags = ResponseModeFlags(stream=False, store=store, background=True)
+    return ResponseContext(response_id=response_id, mode_flags=flags)
 
 
 def _context(response_id: str) -> SimpleNamespace:
@@ -93,36 +115,75 @@ async def test_the_lease_stays_the_runs_until_a_terminal_write_later_than_one_le
             await provider.aclose()
 
 
-@pytest.mark.parametrize("stored", [True, False], ids=["in_flight_never_ended", "never_stored"])
-async def test_without_a_terminal_settle_ends_the_lease_within_its_bound(
-    sql_database: Database, stored: bool
+async def test_a_stored_response_written_only_at_its_end_keeps_its_lease_for_that_write(
+    sql_database: Database,
 ) -> None:
-    """Still in flight in the store: the lease is kept up to ``settle_wait``, then ended; nothing
-    stored: ended at the first look after one lease, as before."""
+    """Nothing in the store after the handler, the host storing it: its one write (the terminal
+    ``create_response``) is still to come, later than one lease; it lands under the run's token."""
+    assert sql_database.url is not None
+    provider = LateTerminal(sql_database.url, schema=sql_database.schema)
+    replica = Replica(ReplicaOptions(identity="owner", lease=LEASE), provider)
+    rid = "resp_stored_at_its_end"
+    context = _host_context(rid, store=True)
+    async with asyncio.timeout(60):
+        await provider.start()
+        try:
+            await replica.claim_run(rid, context)
+            token = replica.tokens[(partition(context), row_key(rid))]
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            settling = asyncio.create_task(replica.settle(rid, context))  # the handler ended
+            writing = asyncio.create_task(provider.create_response(_envelope(rid, "completed"), [], []))
+            seen = []
+            while loop.time() < started + LATE - 0.5:  # up to just before the host's write
+                seen.append(await _lease_row(provider, rid))
+                await asyncio.sleep(0.1)
+            assert len(seen) > 10 and set(seen) == {("running", token, False, None)}, seen
+            await writing
+            async with asyncio.timeout(5):
+                await settling
+            state, held, _expired, ended_status = await _lease_row(provider, rid)
+            assert (state, held, ended_status) == ("ended", token, "completed")  # by the terminal write
+            assert replica.fenced_out == [] and replica.tokens == {}
+        finally:
+            await provider.aclose()
+
+
+@pytest.mark.parametrize(
+    ("stored", "store"),
+    [(True, True), (False, True), (False, False)],
+    ids=["in_flight_never_ended", "never_stored", "store_false"],
+)
+async def test_without_a_terminal_settle_ends_the_lease_within_its_bound(
+    sql_database: Database, stored: bool, store: bool
+) -> None:
+    """Still in flight in the store, or nothing stored of a response the host stores: the lease is
+    kept up to ``settle_wait``, then ended; ``store=false``: ended at once (nothing will be written)."""
     assert sql_database.url is not None
     provider = FencedResponseProvider(sql_database.url, schema=sql_database.schema)
     bound = 2.5 * LEASE
     replica = Replica(ReplicaOptions(identity="owner", lease=LEASE, settle_wait=bound), provider)
     rid = "resp_no_terminal"
+    context = _host_context(rid, store=store)
     async with asyncio.timeout(60):
         await provider.start()
         try:
-            await replica.claim_run(rid, _context(rid))
-            token = replica.tokens[(partition(_context(rid)), row_key(rid))]
+            await replica.claim_run(rid, context)
+            token = replica.tokens[(partition(context), row_key(rid))]
             if stored:
                 await provider.create_response(_envelope(rid, "in_progress"), [], [])
             loop = asyncio.get_running_loop()
             started = loop.time()
             async with asyncio.timeout(bound + 10):
-                await replica.settle(rid, _context(rid))
+                await replica.settle(rid, context)
             took = loop.time() - started
             state, held, _expired, ended_status = await _lease_row(provider, rid)
             assert (state, held, ended_status) == ("ended", token, "ended")
             assert replica.tokens == {}
-            if stored:
+            if store:
                 assert took >= bound - 0.01, took
             else:
-                assert LEASE - 0.01 <= took < bound, took
+                assert took < LEASE / 2, took
         finally:
             await provider.aclose()
 
