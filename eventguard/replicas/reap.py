@@ -60,9 +60,7 @@ async def end_lifecycle(conn: AsyncConnection, response_id: str, status: str, re
     False when it has none or it already ended (the sink never moves an ended row)."""
     shown = _shown(response_id)
     r = responses.c
-    row = (
-        await conn.execute(select(r.status, r.attempt, r.version).where(r.response_id == shown))
-    ).first()
+    row = (await conn.execute(select(r.status, r.attempt, r.version).where(r.response_id == shown))).first()
     now = datetime.now(UTC)
     if row is None:
         # The owner died before its sink flushed the row: the reaper's verdict is the first row,
@@ -82,9 +80,7 @@ async def end_lifecycle(conn: AsyncConnection, response_id: str, status: str, re
         return False
     t = transitions.c
     lowest = (
-        await conn.execute(
-            select(func.min(t.idx)).where(t.response_id == shown, t.attempt == row.attempt)
-        )
+        await conn.execute(select(func.min(t.idx)).where(t.response_id == shown, t.attempt == row.attempt))
     ).scalar_one()
     await conn.execute(
         transitions.insert().values(
@@ -105,8 +101,9 @@ async def _first_row(conn: AsyncConnection, shown: str, now: datetime) -> Any:
     """Insert an ``in_progress`` row for a response the sink never recorded (None: one appeared)."""
     insert = (sqlite_dialect if conn.dialect.name == "sqlite" else pg_dialect).insert(responses)
     done = await conn.execute(
-        insert.values(response_id=shown, status="in_progress", attempt=1, owner=None, updated_at=now)
-        .on_conflict_do_nothing()
+        insert.values(
+            response_id=shown, status="in_progress", attempt=1, owner=None, updated_at=now
+        ).on_conflict_do_nothing()
     )
     r = responses.c
     if done.rowcount != 1:
