@@ -195,7 +195,7 @@ class _Core:
             self._phase = Phase.OPEN
 
     async def _run(self) -> AsyncGenerator[Any, None]:
-        """The hot loop: for an output or delta event, one subscript, one set lookup, a small counter.
+        """The hot loop: for an output or delta event, one subscript, one set lookup, a counter.
 
         ``phase`` says where an exception came from, so that only the inner stream's own
         exceptions are treated as its ending: one thrown in at a ``yield`` (``aclose()``,
@@ -220,12 +220,7 @@ class _Core:
         ref = self._ref
         slow = self._watchdog.off_the_hot_path(ref)
         hot = ref.hot
-        # The events forwarded so far are n + k. k counts up to 256 and is then folded into n: it
-        # stays one of CPython's cached small ints, so counting an event allocates nothing, where
-        # n += 1 allocated a new int per event past 256 (90 of the guard's ~1,590 added instructions
-        # per event under callgrind, scripts/overhead_instructions.py).
         n = ref.n
-        k = 0
         phase = 0
         final: Any = DROP
         try:
@@ -245,10 +240,9 @@ class _Core:
                     raise
                 if not is_hot:
                     phase = 1
-                    ref.n = n + k
+                    ref.n = n
                     out = slow(event)
                     n = ref.n
-                    k = 0
                     if ref.stage.stops:
                         if ref.stage.closes_in_background:
                             self._inner.close_in_background()
@@ -264,24 +258,21 @@ class _Core:
                     continue
                 if rec is not None:
                     try:
-                        rec.event(n + k, etype, event)
+                        rec.event(n, etype, event)
                     except BaseException:
                         phase = 1
                         raise
-                k += 1
-                if k == 256:
-                    n += 256
-                    k = 0
+                n += 1
                 try:
                     yield event
                 except BaseException:
                     phase = 2
                     raise
             else:
-                ref.n = n + k
+                ref.n = n
                 final = await self._on_inner_exit(StopAsyncIteration())
         except BaseException as exc:
-            ref.n = max(ref.n, n + k)
+            ref.n = max(ref.n, n)
             if phase == 2:
                 # Thrown in by the consumer at a yield: not the inner stream's ending. A close
                 # (aclose(), or the loop finalising a guard that was dropped) ends the guard here.
@@ -297,7 +288,7 @@ class _Core:
                 raise
             final = await self._on_inner_exit(exc)  # re-raises all but our own stuck-stream cancel
         finally:
-            ref.n = max(ref.n, n + k)
+            ref.n = max(ref.n, n)
         if final is not DROP:
             yield final
 

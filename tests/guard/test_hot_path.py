@@ -141,10 +141,11 @@ async def test_an_object_events_type_whose_class_claims_to_be_str_never_joins_th
 async def test_every_event_is_numbered_once_and_in_order_however_long_the_stream(
     deltas: int, final: str | None
 ) -> None:
-    # The hot loop counts in a small int folded into the total every 256 events (core.py): the
-    # numbers the recorder gets, and the count the lifecycle ends with, cross those folds intact,
-    # with a slow-path event (a new output type) in the middle and at a fold, and when the stream
-    # ends on a delta (no terminal: the hot path's count is the last word).
+    # The hot loop keeps its own count and hands it to the referee only on the slow path and at
+    # the end (core.py): the numbers the recorder gets, and the count the lifecycle ends with, hold
+    # over long runs of hot events (past CPython's small ints, and a counter folded every 256
+    # events was tried), with a slow-path event in the middle, and when the stream ends on a delta
+    # (no terminal: the hot path's count is the last word).
     events = stream_events(deltas, final)
     odd = {"type": "response.output_item.added", "output_index": 1, "item": {"type": "message"}}
     at = [2 + deltas // 2, 2 + 255]
@@ -164,8 +165,8 @@ async def test_every_event_is_numbered_once_and_in_order_however_long_the_stream
 @pytest.mark.parametrize("taken", [255, 256, 300, 700])
 async def test_a_consumer_that_stops_early_leaves_the_count_of_what_it_was_given(taken: int) -> None:
     # The count the lifecycle keeps when the consumer closes the guard mid-stream (a careless
-    # caller's break out of async for, then aclose) is what was handed over, across the hot loop's
-    # folds of its small counter.
+    # caller's break out of async for, then aclose) is what was handed over, taken from the hot
+    # loop's own count on the exception's way out.
     g = guard(Scripted(stream_events(1_000)), asyncio.Event())
     got = 0
     async with asyncio.timeout(10):
