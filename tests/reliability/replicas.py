@@ -5,7 +5,9 @@
 Three replica processes (``tests/upstream/_replica_child.py``) on one PostgreSQL database (a fresh
 schema of ``h_r16``); ``--responses`` background responses posted to replicas at random; a tenth are
 ``hang`` runs cancelled through a *different* replica than the one running them; a third of the
-GETs go to a different replica. Then every response must have ended (none ``in_progress``), every
+GETs go to a different replica; a third of the responses carry a platform user
+(``x-agent-user-id``, on every request about them), so their envelopes and leases live in that
+user's partition. Then every response must have ended (none ``in_progress``), every
 replica's ``GET`` must equal the stored status, and every event the guards counted must be stored.
 Prints one JSON line of figures; exits 1 when any check fails.
 
@@ -14,7 +16,8 @@ Prints one JSON line of figures; exits 1 when any check fails.
 Failover instead: two survivors and, 20 times, a victim replica given 4 responses (slow or hanging)
 and SIGKILLed at a random point (0-2 s); after its lease every one of its responses must be ended
 exactly once (one terminal transition, the lease taken once: token 2, by a survivor), and every event
-stored before the kill must still be there.
+stored before the kill must still be there. Also checked after the load run: every lease is in the
+partition of the envelope it guards (``leases_outside_their_partition``).
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ async def run(n: int, replicas: int, lease: float) -> dict[str, Any]:
                 cancels = {"asked": 0, "cancelled": 0}
                 missed: list[dict[str, Any]] = []
                 other_gets = 0
+                users: dict[str, dict[str, str]] = {}
                 started = time.perf_counter()
 
                 async def one(i: int) -> tuple[str, str]:
@@ -83,10 +87,11 @@ async def run(n: int, replicas: int, lease: float) -> dict[str, Any]:
                         home = rng.randrange(replicas)
                         rid = IdGenerator.new_response_id()
                         hang = i % 10 == 0
+                        user = {"x-agent-user-id": f"user-{i % 7}"} if i % 3 == 1 else {}
+                        users[rid] = user
                         body = {"model": "m", "input": "hang" if hang else f"quick {i}", "background": True}
-                        created = await http.post(
-                            f"{bases[home]}/responses", json=body, headers={"x-agent-response-id": rid}
-                        )
+                        headers = {"x-agent-response-id": rid, **user}
+                        created = await http.post(f"{bases[home]}/responses", json=body, headers=headers)
                         created.raise_for_status()
                         if hang:
                             away = (home + 1 + rng.randrange(replicas - 1)) % replicas
@@ -94,7 +99,7 @@ async def run(n: int, replicas: int, lease: float) -> dict[str, Any]:
                             while not await pool.fetchval(lease_sql, json.dumps(rid)):  # noqa: ASYNC110
                                 await asyncio.sleep(0.05)
                             cancels["asked"] += 1
-                            answer = await http.post(f"{bases[away]}/responses/{rid}/cancel")
+                            answer = await http.post(f"{bases[away]}/responses/{rid}/cancel", headers=user)
                             if answer.status_code == 200 and answer.json()["status"] == "cancelled":
                                 cancels["cancelled"] += 1
                             else:  # what a cancel that did not cancel answered, for the report
@@ -102,7 +107,8 @@ async def run(n: int, replicas: int, lease: float) -> dict[str, Any]:
                         while True:
                             where = rng.randrange(replicas) if rng.random() < 1 / 3 else home
                             other_gets += where != home
-                            status = (await http.get(f"{bases[where]}/responses/{rid}")).json()["status"]
+                            got = await http.get(f"{bases[where]}/responses/{rid}", headers=user)
+                            status = got.json()["status"]
                             if status not in ("queued", "in_progress"):
                                 return rid, status
                             await asyncio.sleep(0.05)
@@ -112,7 +118,8 @@ async def run(n: int, replicas: int, lease: float) -> dict[str, Any]:
                 await asyncio.sleep(1.0)  # the sinks' last flush
                 disagree = 0
                 for rid, _status in ended:
-                    got = {(await http.get(f"{b}/responses/{rid}")).json()["status"] for b in bases}
+                    asked = [await http.get(f"{b}/responses/{rid}", headers=users[rid]) for b in bases]
+                    got = {a.json()["status"] for a in asked}
                     stored = await conn.fetchval(
                         "SELECT status FROM eventguard_provider_responses WHERE response_id = $1", rid
                     )
@@ -127,6 +134,13 @@ async def run(n: int, replicas: int, lease: float) -> dict[str, Any]:
                 )
                 running_sql = "SELECT count(*) FROM eventguard_leases WHERE state = 'running'"
                 running = await conn.fetchval(running_sql)
+                # A lease guards the envelope with its partition and key: one outside it fences nothing.
+                outside = await conn.fetchval(
+                    "SELECT count(*) FROM eventguard_leases l WHERE NOT EXISTS (SELECT 1 FROM"
+                    " eventguard_provider_responses p WHERE p.partition = l.partition"
+                    " AND p.response_key = l.response_key)"
+                )
+                keyed = sum(1 for u in users.values() if u)
                 statuses: dict[str, int] = {}
                 for _rid, status in ended:
                     statuses[status] = statuses.get(status, 0) + 1
@@ -136,6 +150,7 @@ async def run(n: int, replicas: int, lease: float) -> dict[str, Any]:
             "cancels_missed": missed,
             "gets_on_another_replica": other_gets, "replicas_disagreeing": disagree,
             "lifecycles_not_ended": stuck, "events_lost": int(lost), "leases_still_running": running,
+            "responses_with_a_user": keyed, "leases_outside_their_partition": outside,
         }  # fmt: skip
     finally:
         await pool.close()
@@ -226,7 +241,7 @@ def main() -> None:
     ok = (
         figures["replicas_disagreeing"] == figures["lifecycles_not_ended"] == figures["events_lost"] == 0
         and figures["cancels_relayed"]["cancelled"] == figures["cancels_relayed"]["asked"]
-        and figures["leases_still_running"] == 0
+        and figures["leases_still_running"] == figures["leases_outside_their_partition"] == 0
     )
     sys.exit(0 if ok else 1)
 

@@ -6,7 +6,8 @@ The full sizes are the documented command (README "Several replicas"):
     PYTHONPATH=$PWD python -m tests.reliability.replicas --kills 20   # 20 SIGKILLs
 
 Here: 60 responses over 3 replicas (6 cancelled through another replica, a third of the GETs
-elsewhere) and 2 SIGKILLs at random points, with the same checks as the command.
+elsewhere, a third of the responses with a platform user) and 2 SIGKILLs at random points, with the
+same checks as the command.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ async def test_a_load_over_three_replicas_loses_nothing_and_every_replica_agrees
     assert figures["lifecycles_not_ended"] == figures["events_lost"] == 0, shown
     assert figures["cancels_relayed"]["cancelled"] == figures["cancels_relayed"]["asked"] == 6, shown
     assert figures["leases_still_running"] == 0 and figures["gets_on_another_replica"] > 0, shown
+    # A third carry a platform user: their leases must sit in their envelopes' partition.
+    assert figures["responses_with_a_user"] == 20, shown
+    assert figures["leases_outside_their_partition"] == 0, shown
 
 
 async def test_sigkills_at_random_points_end_every_response_once_and_keep_what_was_flushed() -> None:
