@@ -81,6 +81,18 @@ class ResponseStore:
     def __repr__(self) -> str:
         return f"ResponseStore({_db.safe_url(self.url)!r})"
 
+    @property
+    def engine(self) -> AsyncEngine:
+        """The engine the store writes through (prune, recover; the replicas' reaper on the same
+        database): the caller's own when given ``engine=``."""
+        return self._engine
+
+    @property
+    def reader(self) -> AsyncEngine:
+        """The same engine for reads: on SQLite its transactions begin ``DEFERRED`` and take no
+        write lock (``eventguard verify`` reads every table through it)."""
+        return self._reader
+
     async def __aenter__(self) -> ResponseStore:
         return self
 
@@ -421,16 +433,21 @@ class ResponseStore:
         Args:
             batch: responses per page, 1 to 500 (SQLite's bound-parameter limit allows that many ids).
         """
-        async for row, evs, trs, ans in self._history_rows(batch):
+        async for row, evs, trs, ans in self.history_rows(batch):
             yield _history(row, evs, trs, ans)
 
-    async def _history_rows(
+    async def history_rows(
         self, batch: int, event_columns: Sequence[ColumnElement[Any]] = ()
     ) -> AsyncIterator[tuple[Any, Sequence[Any], Sequence[Any], Sequence[Any]]]:
         """What :meth:`histories` reads, as database rows: (response row, its events, transitions,
         anomalies), each group in order. ``eventguard.verify`` checks these directly (building a
         typed record per event was most of a 10,000-response verify), reading only the
-        ``event_columns`` it needs (``response_id`` and ``attempt`` among them; default: all)."""
+        ``event_columns`` it needs (``response_id`` and ``attempt`` among them; default: all).
+
+        Args:
+            batch: responses per page, 1 to 500.
+            event_columns: the events' columns to read (default: all of them).
+        """
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 500:
             raise InvalidQueryError(f"batch must be an integer from 1 to 500, not {batch!r}")
         r = responses.c

@@ -124,7 +124,7 @@ class _RowAttempt(NamedTuple):
 
 
 def _row_attempts(row: Any, evs: Sequence[Any], trs: Sequence[Any], ans: Sequence[Any]) -> list[_RowAttempt]:
-    """Group one response's rows by attempt, as ``store._history`` does for a :class:`History`."""
+    """Group one response's rows by attempt, as the store groups them for a :class:`History`."""
     numbers = sorted({x.attempt for x in (*evs, *trs, *ans)} | {row.attempt})
     if len(numbers) == 1:  # the usual case: one attempt, the rows already in order
         return [_RowAttempt(numbers[0], evs, trs, ans)]
@@ -301,7 +301,7 @@ async def verify(
     checked = without = 0
     found: list[Disagreement] = []
     # what histories() reads, as rows
-    async for row, evs, trs, ans in store._history_rows(batch, _EVENT_COLUMNS):
+    async for row, evs, trs, ans in store.history_rows(batch, _EVENT_COLUMNS):
         checked += 1
         if not _has_rows(evs, trs):
             without += 1
@@ -337,7 +337,7 @@ async def envelope_disagreements(store: ResponseStore, *, batch: int = 1000) -> 
     left out. Read a page of ``batch`` at a time, on the store's read-only engine.
     """
     r, p = responses.c, provider_responses.c
-    reader = store._reader
+    reader = store.reader
     found: list[Disagreement] = []
     after = 0
     while True:

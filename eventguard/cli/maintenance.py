@@ -92,7 +92,7 @@ def recover(
         if expired_leases:  # eventguard.replicas: the reaper's pass, exactly once with the replicas'
             from eventguard.replicas.replica import reap
 
-            reaped = await reap(store._engine, policy=chosen, limit=limit)
+            reaped = await reap(store.engine, policy=chosen, limit=limit)
         return reaped + await store.recover(older_than=age, policy=chosen, limit=limit)
 
     with progress(f"recovering responses stuck for more than {older_than}", quiet=json):

@@ -51,7 +51,7 @@ async def test_verify_reads_a_page_of_responses_at_a_time_not_one_query_per_resp
             statements.append(statement)
 
     async with ResponseStore(db_url) as store:
-        event.listen(store._engine.sync_engine, "before_cursor_execute", seen)
+        event.listen(store.engine.sync_engine, "before_cursor_execute", seen)
         checked: list[int] = []
         report = await asyncio.wait_for(verify(store, batch=10, progress=checked.append), STEP)
     assert report.ok and report.checked == 30

@@ -110,7 +110,7 @@ async def test_concurrent_load(db_kind: str, tmp_path: Path, caplog: pytest.LogC
             await sink.aclose()
 
         async with ResponseStore(db.url, schema=db.schema) as store:
-            engine = store._reader
+            engine = store.reader
             async with engine.begin() as conn:
                 stored = dict((await conn.execute(select(responses.c.response_id, responses.c.status))).all())
                 counts = dict(
