@@ -208,7 +208,7 @@ async def write(
             extra_anomalies.append(_refusal_anomaly(batch, verdict, refused))
     # Children after their rows (foreign keys); one statement per table (per chunk) per cycle.
     if stage is not None:
-        await _copy_events(conn, stage, kept)
+        await copy_events(conn, stage, kept)
     else:
         await _insert(conn, events, _event_rows(conn.dialect, kept))
     out.events = sum(len(b.events) for b in kept)
@@ -556,7 +556,10 @@ async def _events_stage(conn: AsyncConnection) -> Any:
     return driver
 
 
-async def _copy_events(conn: AsyncConnection, driver: Any, batches: Sequence[Batch]) -> None:
+async def copy_events(conn: AsyncConnection, driver: Any, batches: Sequence[Batch]) -> None:
+    """``batches``' events into the table on PostgreSQL: asyncpg's binary COPY into the session's
+    staging table (``driver``, from the events stage), then one keyed insert from it that ignores
+    events already stored. Also the direct write's path (:mod:`eventguard.sink.direct`)."""
     if not any(b.events for b in batches):
         return
     at_proc = _processors(conn.dialect, (events.c.recorded_at,))[0]

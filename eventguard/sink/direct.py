@@ -93,7 +93,7 @@ async def write_direct(conn: AsyncConnection, batches: Sequence[Batch]) -> Writt
             # instead of the COPY and the insert from the staging table.
             await _insert(conn, driver, events.name, _event_rows(dialect, batches))
         else:
-            await apply._copy_events(conn, driver, batches)
+            await apply.copy_events(conn, driver, batches)
         await _insert(conn, driver, transitions.name, _dict_rows(dialect, transitions, _all(batches, True)))
         await _insert(conn, driver, anomalies.name, _dict_rows(dialect, anomalies, _all(batches, False)))
         await _driver_call(conn, "COMMIT", tx.commit())

@@ -185,7 +185,7 @@ class SqlSink:
     @property
     def buffered(self) -> int:
         """Events recorded and not yet taken by the writer: its queue depth (at most ``max_buffered``)."""
-        return self.writer._buffered  # the writer's own count, kept on its hot path
+        return self.writer.buffered
 
     @property
     def ready(self) -> bool:

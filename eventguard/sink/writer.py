@@ -178,6 +178,11 @@ class Writer:
         return self._ready
 
     @property
+    def buffered(self) -> int:
+        """Events recorded and not yet taken: the queue depth the hot path keeps in ``_buffered``."""
+        return self._buffered
+
+    @property
     def name(self) -> str:
         """The sink's name in log lines and task names (its URL without the password)."""
         return f"SqlSink({_db.safe_url(self.config.url)!r})"

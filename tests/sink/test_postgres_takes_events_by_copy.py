@@ -24,7 +24,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[Batch]]:
     """Count the COPY passes and keep every batch the sink writes."""
     copies: list[int] = []
     batches: list[Batch] = []
-    copy_events = apply._copy_events
+    copy_events = apply.copy_events
     write = commit_module.write
 
     async def counting_copy(conn: Any, driver: Any, todo: Sequence[Batch]) -> None:
@@ -35,7 +35,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[Batch]]:
         batches.extend(todo)
         return await write(conn, todo, **kw)
 
-    monkeypatch.setattr(apply, "_copy_events", counting_copy)
+    monkeypatch.setattr(apply, "copy_events", counting_copy)
     monkeypatch.setattr(commit_module, "write", keeping_write)
     return copies, batches
 
