@@ -11,6 +11,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -74,3 +75,14 @@ def fresh_schema_sync(prefix: str) -> Iterator[str]:
         yield schema
     finally:
         asyncio.run(execute(f'DROP SCHEMA "{schema}" CASCADE'))
+
+
+@contextmanager
+def sqlite_or_postgres(kind: str, folder: Path, prefix: str) -> Iterator[tuple[str, str | None]]:
+    """(URL, schema) of a fresh database outside any test loop: ``kind`` ``"sqlite"``, a file in
+    ``folder``; else PostgreSQL, a schema of its own, dropped afterwards."""
+    if kind == "sqlite":
+        yield f"sqlite:///{folder / f'{prefix}.db'}", None
+        return
+    with fresh_schema_sync(prefix) as schema:
+        yield PG_URL, schema

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from eventguard.provider import SqlResponseProvider
-from tests._postgres import PG_URL, fresh_schema_sync
+from tests._postgres import sqlite_or_postgres
 
 from .test_parity_with_the_hosts_store import envelope, item, out
 
@@ -25,11 +25,8 @@ T = 60
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str | None]]:
     """(url, schema) of a fresh database, made and dropped outside any test loop."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'p.db'}", None
-        return
-    with fresh_schema_sync("eg_loops") as schema:
-        yield PG_URL, schema
+    with sqlite_or_postgres(request.param, tmp_path, "eg_loops") as where:
+        yield where
 
 
 def test_a_provider_started_in_one_loop_answers_every_call_in_the_next(

@@ -27,7 +27,7 @@ from eventguard.sql.tables import agent_sessions
 from eventguard.store import ResponseStore
 from eventguard.verify import verify
 from tests._hostile import STRINGS
-from tests._postgres import PG_URL, fresh_schema_sync
+from tests._postgres import sqlite_or_postgres
 
 TIMEOUT = 60
 HOSTILE = ["nul", "lone_surrogate", "ansi_escape", "one_megabyte"]
@@ -38,11 +38,8 @@ BOUNDED = 50_000
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str | None]]:
     """(URL, schema): an SQLite file, or a fresh PostgreSQL schema of this test's own."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'sessions.db'}", None
-        return
-    with fresh_schema_sync("eg_sessions") as schema:
-        yield PG_URL, schema
+    with sqlite_or_postgres(request.param, tmp_path, "eg_sessions") as where:
+        yield where
 
 
 def _run(coro: Coroutine[Any, Any, Any]) -> Any:
