@@ -5,7 +5,8 @@ the replicas.
 the leases, the reaper) write the same rows, so they key and encode them one way, here:
 
 - :func:`key` turns an exact string (a response id, a user) into a row key; :func:`partition`
-  turns the host's context into the partition its rows live in (:data:`ANONYMOUS` without a user);
+  turns the host's context (``PlatformContext`` or ``ResponseContext``, :func:`user_of`) into the
+  partition its rows live in (:data:`ANONYMOUS` without a user);
   :func:`shown` is the id as the event sink stores it (for people, and for joins with its tables);
   :func:`encode_id` stores an exact id in a text column, :func:`decode_id` reads it back.
 - :func:`dump` turns an envelope or item into ASCII JSON text that reads back equal (or refuses it
@@ -41,6 +42,7 @@ __all__ = [
     "load",
     "partition",
     "shown",
+    "user_of",
 ]
 
 #: The partition of a call without a user (no context, or ``user_id_key`` None).
@@ -140,11 +142,26 @@ def decode_id(text: str) -> str:
     return text
 
 
+def user_of(context: object) -> object:
+    """The user key the host partitions ``context``'s rows by, as it is (``None``: no user).
+
+    The host hands its store the ``PlatformContext`` (``user_id_key``), and its handler the
+    ``ResponseContext``, which has no ``user_id_key`` of its own but carries that ``PlatformContext``
+    as ``platform_context`` (2.2.0b1 and 2.4.0b1). Both read the same user here, so a replica's
+    lease of a run and the host's writes of it land in one partition."""
+    if context is None:
+        return None
+    platform = getattr(context, "platform_context", None)
+    holder = platform if platform is not None else context
+    return getattr(holder, "user_id_key", None)
+
+
 def partition(context: object) -> str:
-    """The partition of a call made with the host's ``context``: :data:`ANONYMOUS` without one (or
-    with ``user_id_key`` None), else the :func:`key` of its ``user_id_key``; :class:`UnstorableError`
+    """The partition of a call made with the host's ``context`` (its ``PlatformContext``, or the
+    ``ResponseContext`` carrying it, see :func:`user_of`): :data:`ANONYMOUS` without one (or with
+    ``user_id_key`` None), else the :func:`key` of its ``user_id_key``; :class:`UnstorableError`
     when that is not a ``str``."""
-    user = getattr(context, "user_id_key", None) if context is not None else None
+    user = user_of(context)
     if user is None:
         return ANONYMOUS
     if not isinstance(user, str):

@@ -276,9 +276,10 @@ class SqlResponseProvider:
             storage error.
 
     The seven ``ResponseProviderProtocol`` methods take the host's arguments; each one's ``context``
-    is the host's ``ResponseContext``, whose ``user_id_key`` names the partition (``None``, ``""``
-    and a named user are distinct, on 2.2.0b1 too, whose own stores ignore the user). A database that
-    fails raises :class:`~eventguard.ProviderStorageError`, never ``KeyError``.
+    is the host's ``PlatformContext`` (a ``ResponseContext`` reads as its ``platform_context``),
+    whose ``user_id_key`` names the partition (``None``, ``""`` and a named user are distinct, on
+    2.2.0b1 too, whose own stores ignore the user). A database that fails raises
+    :class:`~eventguard.ProviderStorageError`, never ``KeyError``.
 
     Every method is safe to call from several tasks and processes at once. The schema is checked
     (and created, per ``auto_migrate``) by :meth:`start`, or on the first call.

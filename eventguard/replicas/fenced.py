@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from eventguard.envelopes import key as _key
+from eventguard.envelopes import user_of as _user_of
 from eventguard.provider import ProviderStorageError, SqlResponseProvider
 from eventguard.replicas import leases as lease_sql
 from eventguard.replicas import snapshot as snapshots
@@ -62,7 +63,7 @@ class FencedResponseProvider(SqlResponseProvider):
         replica = self.replica
         if replica is None or not isinstance(found, dict) or found.get("status") not in snapshots.IN_FLIGHT:
             return found
-        user = getattr(context, "user_id_key", None) if context is not None else None
+        user = _user_of(context)
         if not await replica.running_elsewhere(response_id, user if isinstance(user, str) else None):
             return found  # ours (the host answers from its live record), or nobody's
         return await replica.folded(response_id, found)

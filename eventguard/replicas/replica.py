@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from eventguard.envelopes import key as _key
 from eventguard.envelopes import partition as _partition
 from eventguard.envelopes import shown as _shown
+from eventguard.envelopes import user_of as _user_of
 from eventguard.lifecycle import AnomalyKind
 from eventguard.replicas import leases as lease_sql
 from eventguard.replicas import snapshot
@@ -597,13 +598,11 @@ def _background(context: Any) -> bool | None:
 
 
 def _user(context: Any) -> str | None:
-    """The run's user key as the host gives it to its store: ``platform_context.user_id_key`` of
-    the host's ``ResponseContext`` (both ends), or a ``user_id_key`` of the context itself."""
-    for holder in (getattr(context, "platform_context", None), context):
-        user = getattr(holder, "user_id_key", None)
-        if isinstance(user, str):
-            return user
-    return None
+    """The run's user key as the host gives it to its store (:func:`eventguard.envelopes.user_of`:
+    ``platform_context.user_id_key`` of the host's ``ResponseContext``, both ends); None when it is
+    not a ``str`` (the lease's partition, :func:`_partition`, refuses that)."""
+    user = _user_of(context)
+    return user if isinstance(user, str) else None
 
 
 def _host_stores(context: Any) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import signal
 import sqlite3
@@ -451,18 +452,102 @@ REPLAY_ELSEWHERE = "This response was streamed by another replica"
 
 @contextlib.asynccontextmanager
 async def streamed(
-    http: httpx.AsyncClient, pair: Pair, text: str
+    http: httpx.AsyncClient, pair: Pair, text: str, user: str | None = None
 ) -> AsyncIterator[tuple[str, AsyncIterator[str], list[dict[str, Any]]]]:
     """A background streamed response of ``text`` posted to A with a new id, once its lease is taken:
-    the id, its SSE lines and the first three events (created, in_progress, the message item)."""
-    rid = new_id()
+    the id, its SSE lines and the first three events (created, in_progress, the message item).
+
+    With ``user``: posted as that user (``x-agent-user-id``) and the id left to the host (read from
+    its ``response.created``), so the lease is the one the handler takes (``claim_run``), not the
+    one the middleware takes for a client-chosen id."""
+    rid = new_id() if user is None else None
+    headers = {"x-agent-response-id": rid} if rid is not None else {"x-agent-user-id": str(user)}
     body = {"model": "m", "input": text, "stream": True, "background": True}
     base = pair.a.base_url
-    async with http.stream("POST", f"{base}/responses", json=body, headers={"x-agent-response-id": rid}) as s:
+    async with http.stream("POST", f"{base}/responses", json=body, headers=headers) as s:
         lines = s.aiter_lines()
         first = await _read_events(lines, 3)
+        rid = rid if rid is not None else first[0]["response"]["id"]
         await started_on(pair.conn, rid)
         yield rid, lines, first
+
+
+USER = {"x-agent-user-id": "alice"}
+#: The partition of USER's rows (``eventguard.envelopes.key`` of the user: its SHA-256).
+USER_PARTITION = hashlib.sha256(b"alice").hexdigest()
+
+
+async def leases_of(conn: Any, response_id: str) -> list[tuple[str, str, str | None]]:
+    """Every lease row of the response: (partition, state, ended_status)."""
+    sql = "SELECT partition, state, ended_status FROM eventguard_leases WHERE response_id = $1"
+    return [
+        (r["partition"], r["state"], r["ended_status"]) for r in await conn.fetch(sql, f'"{response_id}"')
+    ]
+
+
+async def ended_leases(conn: Any, response_id: str) -> list[tuple[str, str, str | None]]:
+    """The lease rows of the response once none is ``running`` (polled: the owner ends it after
+    its answer)."""
+
+    async def ended() -> list[tuple[str, str, str | None]] | None:
+        found = await leases_of(conn, response_id)
+        return found if found and all(state != "running" for _p, state, _s in found) else None
+
+    found: list[tuple[str, str, str | None]] = await poll(ended, "the lease's end")
+    return found
+
+
+@pytest.mark.postgres
+async def test_a_get_on_another_replica_shows_a_users_output_so_far_and_the_owners_write_ends_its_one_lease(
+    pair: Pair,
+) -> None:
+    """A user's run (``x-agent-user-id``, the host's id) is leased in the user's partition, where the
+    host stores it: B sees the live lease and folds the sink's events into its GET; A's terminal
+    write ends that one lease, under its token."""
+    conn, a, b = pair
+    async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP):
+        async with streamed(http, pair, "slow", user=USER["x-agent-user-id"]) as (rid, lines, _first):
+            seen: list[tuple[str, str]] = []
+            while True:
+                got = (await http.get(f"{b.base_url}/responses/{rid}", headers=USER)).json()
+                seen.append((got.get("status"), _text_of(got)))
+                assert got.get("status") == "in_progress", f"ended before B showed any output: {seen}"
+                if _text_of(got):
+                    break
+                await asyncio.sleep(0.05)
+            assert "abc".startswith(_text_of(got))
+            async for _line in lines:
+                pass
+        assert await ended_leases(conn, rid) == [(USER_PARTITION, "ended", "completed")]
+        stored = "SELECT partition FROM eventguard_provider_responses WHERE response_id = $1"
+        assert [r["partition"] for r in await conn.fetch(stored, rid)] == [USER_PARTITION]
+        owner = (await http.get(f"{a.base_url}/responses/{rid}", headers=USER)).json()
+        other = (await http.get(f"{b.base_url}/responses/{rid}", headers=USER)).json()
+        assert (owner["status"], other["status"]) == ("completed", "completed")
+        assert _text_of(owner) == _text_of(other) == "abc"
+
+
+@pytest.mark.postgres
+async def test_a_users_run_in_flight_is_refused_deletion_and_cancelled_through_another_replica(
+    pair: Pair,
+) -> None:
+    """DELETE of a user's in-flight run on B is refused as its owner refuses it, and a cancel on B is
+    relayed to the owner (with the user's header: the owner's host cancels in the user's partition)."""
+    conn, a, b = pair
+    async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP):
+        async with streamed(http, pair, "hang", user=USER["x-agent-user-id"]) as (rid, _lines, _first):
+            owner = await http.delete(f"{a.base_url}/responses/{rid}", headers=USER)
+            other = await http.delete(f"{b.base_url}/responses/{rid}", headers=USER)
+            assert (owner.status_code, other.status_code) == (400, 400), (owner.text, other.text)
+            assert other.json()["error"]["message"] == owner.json()["error"]["message"]
+            cancelled = await http.post(f"{b.base_url}/responses/{rid}/cancel", headers=USER)
+            assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled", cancelled.text
+        sql = "SELECT status, cause FROM eventguard_responses WHERE response_id = $1 AND status = 'cancelled'"
+        row = await poll(lambda: conn.fetchrow(sql, rid), "the cancelled lifecycle")
+        assert row["cause"] == "client_cancel"  # the guard saw the host's client cancel
+        for base in (a.base_url, b.base_url):
+            assert (await http.get(f"{base}/responses/{rid}", headers=USER)).json()["status"] == "cancelled"
+        assert await ended_leases(conn, rid) == [(USER_PARTITION, "ended", "cancelled")]  # the owner's write
 
 
 @pytest.mark.postgres
