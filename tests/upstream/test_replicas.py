@@ -62,6 +62,11 @@ class SqliteReader:
         return rows[0] if rows else None
 
 
+USER = {"x-agent-user-id": "alice"}
+#: The partition of USER's rows (``eventguard.envelopes.key`` of the user: its SHA-256).
+USER_PARTITION = hashlib.sha256(b"alice").hexdigest()
+
+
 @pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres), "sqlite"])
 async def any_db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Database, Any]]:
     """PostgreSQL (LISTEN/NOTIFY and polling) or a SQLite file several processes share (polling)."""
@@ -360,31 +365,34 @@ async def test_a_paused_replica_past_its_lease_cannot_overwrite_the_survivors_de
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("user", [{}, USER], ids=["anonymous", "a_user"])
 async def test_a_foreground_stream_in_flight_is_not_found_on_every_replica_as_on_its_owner(
-    pair: Pair,
+    pair: Pair, user: dict[str, str]
 ) -> None:
+    # A platform user's run, its id left to the host: the lease is the one the handler takes, in that
+    # user's partition, where the other replica looks for it (before the partition fix it was in the
+    # anonymous one, and the other replica answered 200 from the store).
     conn, a, b = pair
-    rid = new_id()
+    chosen = None if user else new_id()
+    headers = {"x-agent-response-id": chosen} if chosen else user
     body = {"model": "m", "input": "slow", "stream": True}
     async with (
         httpx.AsyncClient(timeout=STEP) as http,
         asyncio.timeout(STEP),
-        http.stream(
-            "POST", f"{a.base_url}/responses", json=body, headers={"x-agent-response-id": rid}
-        ) as streaming,
+        http.stream("POST", f"{a.base_url}/responses", json=body, headers=headers) as streaming,
     ):
         lines = streaming.aiter_lines()
-        await anext(lines)
+        rid = chosen or (await _read_events(lines, 1))[0]["response"]["id"]
         await started_on(conn, rid)
-        owner = await http.get(f"{a.base_url}/responses/{rid}")
-        other = await http.get(f"{b.base_url}/responses/{rid}")
+        owner = await http.get(f"{a.base_url}/responses/{rid}", headers=user)
+        other = await http.get(f"{b.base_url}/responses/{rid}", headers=user)
         assert (owner.status_code, other.status_code) == (404, 404)
         async for _line in lines:
             pass
         bases = (a.base_url, b.base_url)
 
         async def answers() -> list[httpx.Response] | None:
-            got = [await http.get(f"{u}/responses/{rid}") for u in bases]
+            got = [await http.get(f"{u}/responses/{rid}", headers=user) for u in bases]
             return got if all(r.status_code == 200 for r in got) else None
 
         # The response is stored (and its lease ended) after the stream's last line reaches us, so a
@@ -470,11 +478,6 @@ async def streamed(
         rid = rid if rid is not None else first[0]["response"]["id"]
         await started_on(pair.conn, rid)
         yield rid, lines, first
-
-
-USER = {"x-agent-user-id": "alice"}
-#: The partition of USER's rows (``eventguard.envelopes.key`` of the user: its SHA-256).
-USER_PARTITION = hashlib.sha256(b"alice").hexdigest()
 
 
 async def leases_of(conn: Any, response_id: str) -> list[tuple[str, str, str | None]]:
