@@ -531,18 +531,32 @@ async def test_a_get_on_another_replica_shows_a_users_output_so_far_and_the_owne
 
 
 @pytest.mark.postgres
-async def test_a_users_run_in_flight_is_refused_deletion_and_cancelled_through_another_replica(
+async def test_a_users_run_in_flight_is_refused_deletion_on_another_replica_as_on_its_owner(
     pair: Pair,
 ) -> None:
-    """DELETE of a user's in-flight run on B is refused as its owner refuses it, and a cancel on B is
-    relayed to the owner (with the user's header: the owner's host cancels in the user's partition)."""
+    """DELETE of a user's in-flight run on B is refused as its owner refuses it."""
+    _conn, a, b = pair
+    user = USER["x-agent-user-id"]
+    async with (
+        httpx.AsyncClient(timeout=STEP) as http,
+        asyncio.timeout(STEP),
+        streamed(http, pair, "slow", user=user) as (rid, lines, _first),
+    ):
+        owner = await http.delete(f"{a.base_url}/responses/{rid}", headers=USER)
+        other = await http.delete(f"{b.base_url}/responses/{rid}", headers=USER)
+        assert (owner.status_code, other.status_code) == (400, 400), (owner.text, other.text)
+        assert other.json()["error"]["message"] == owner.json()["error"]["message"]
+        async for _line in lines:
+            pass
+
+
+@pytest.mark.postgres
+async def test_a_users_run_in_flight_is_cancelled_through_another_replica(pair: Pair) -> None:
+    """A cancel on B of a user's run is relayed to the owner, with the user's header: the owner's host
+    cancels in the user's partition, the guard sees a client cancel, and the owner's write ends the lease."""
     conn, a, b = pair
     async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP):
         async with streamed(http, pair, "hang", user=USER["x-agent-user-id"]) as (rid, _lines, _first):
-            owner = await http.delete(f"{a.base_url}/responses/{rid}", headers=USER)
-            other = await http.delete(f"{b.base_url}/responses/{rid}", headers=USER)
-            assert (owner.status_code, other.status_code) == (400, 400), (owner.text, other.text)
-            assert other.json()["error"]["message"] == owner.json()["error"]["message"]
             cancelled = await http.post(f"{b.base_url}/responses/{rid}/cancel", headers=USER)
             assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled", cancelled.text
         sql = "SELECT status, cause FROM eventguard_responses WHERE response_id = $1 AND status = 'cancelled'"
