@@ -114,7 +114,8 @@ class SqlRecorder:
     def __init__(self, sink: RecorderSink, lifecycle: Lifecycle) -> None:
         self._sink = sink
         self.lifecycle = lifecycle
-        self._keep = sink.filter.keep
+        #: None when the filter keeps every event: the hot path then makes no call for it.
+        self._keep = None if sink.filter.keeps_all else sink.filter.keep
         #: (attempt, index, type, event) references, not yet serialised.
         self.pending: list[tuple[int, int, str | None, object]] = []
         #: Batches handed to the writer and not yet known to be stored or spooled.
@@ -148,7 +149,8 @@ class SqlRecorder:
 
     # -- the Recorder protocol ------------------------------------------------------------
     def event(self, index: int, event_type: str | None, event: object) -> None:
-        if not self._keep(event_type, event):
+        keep = self._keep
+        if keep is not None and not keep(event_type, event):
             return
         self.pending.append((self.lifecycle.attempt, index, event_type, event))
         self._sink.note_event(self)

@@ -77,6 +77,18 @@ async def test_predicate_refines_the_mode(target: Target, store: ResponseStore) 
     ] == ["d3"]
 
 
+def test_a_sinks_filter_cannot_change_under_its_streams(target: Target) -> None:
+    # A recorder reads the filter once, when its stream starts (a filter that keeps everything
+    # is then never called per event): a filter changed later would apply to some streams only.
+    sink = make_sink(target, events="finished")
+    with pytest.raises(AttributeError):
+        sink.filter.predicate = lambda t, e: False  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        sink.filter.mode = "all"  # type: ignore[misc]
+    assert sink.filter.mode == "finished" and not sink.filter.keeps_all
+    assert make_sink(target).filter.keeps_all
+
+
 class SdkEvent(BaseModel):
     type: str
     delta: str
