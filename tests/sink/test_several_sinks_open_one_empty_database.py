@@ -40,6 +40,7 @@ def first_checks_answer_late(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     real = mig.check
     seen: set[int] = set()
     log: list[str] = []
+    all_checked = asyncio.Event()
 
     async def check(engine: AsyncEngine) -> None:
         try:
@@ -48,8 +49,14 @@ def first_checks_answer_late(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             if id(engine) in seen:
                 raise
             seen.add(id(engine))
+            if len(seen) == SINKS:
+                all_checked.set()
             if len(seen) == 1:
                 log.append("first: no schema")
+                # The first answer waits for every other sink's first check to have read "no
+                # schema" too: left to the scheduler, the others may check only after the first
+                # made the schema, and the interleaving under test would not happen.
+                await all_checked.wait()  # bounded by the test's timeout
                 raise
             while True:  # bounded by the test's timeout
                 try:
