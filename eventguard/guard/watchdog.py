@@ -101,6 +101,11 @@ class Watchdog:
         """
         task = self.task
         if task is not None and task is not asyncio.current_task():
+            # Forget the task as we cancel it: the cancelled task keeps its CancelledError, whose
+            # traceback holds _watch's frame and so this watchdog; a watchdog still holding the
+            # task would close a cycle (task, error, frame, watchdog, task), and every guard's
+            # objects would wait for a full garbage collection instead of going with the stream.
+            self.task = None
             task.cancel()
 
     async def _watch(
