@@ -251,8 +251,13 @@ class Writer:
 
     async def flush(self) -> None:
         """Write everything buffered so far (or spool, or quarantine it) before returning."""
-        self.loops.here()
+        st = self.loops.here()
         await self.cycle(self._take_work())
+        # The writer task may have taken work before this flush (and left nothing to take): its
+        # write holds, or waits in line for, the loop's lock, so passing the lock once waits for
+        # it. (Taking work and entering persist's lock has no await between them.)
+        async with st.lock:
+            pass
         await self.quarantine_file.drain()
 
     async def replay_spool(self) -> ReplayResult:
@@ -334,6 +339,9 @@ class Writer:
         if not rec.queued:  # _enqueue, inlined: a call per event shows in the benchmark
             rec.queued = True
             self._work.append(rec)
+            # Once per stream and cycle: an idle writer waits with no timeout, and events fewer
+            # than flush_every (a stream that paused for a tool call) must not wait for ever.
+            self._wake_soon()
         buffered = self._buffered = self._buffered + 1
         if buffered >= self.flush_every:
             self.loops.wake.set()
