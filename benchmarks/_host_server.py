@@ -4,7 +4,10 @@
 real ``ResponsesHostServer`` (the host's own handler over a model-free chat agent) through uvicorn on
 ``127.0.0.1`` and a free port, prints one JSON line ``{"url": ..., "pid": ...}`` once it serves, and
 runs until its stdin closes (or SIGTERM). Variants: ``unguarded`` (the host as shipped), ``guarded``
-(``GuardedResponses``, no sink), ``sqlite`` and ``postgres`` (``GuardedResponses`` + ``SqlSink``).
+(``GuardedResponses``, no sink), ``sqlite`` and ``postgres`` (``GuardedResponses`` + ``SqlSink``), and
+``sqlite-store`` and ``postgres-store``: the same sink and ``database=`` on the same database, so the
+host's response store and agent sessions are eventguard's SQL provider instead of its state folder
+(the whole of eventguard, as the README's "one database" setup writes it).
 
 The host keeps its state (stored responses) under ``AGENTSERVER_STATE_ROOT``, which the parent sets
 to a folder of this server's own. Two routes of the benchmark's own sit beside the host's:
@@ -51,7 +54,7 @@ from eventguard.testing import ScriptedChatClient, chat_agent
 from ._common import PG_URL
 from ._report import quiet_eventguard_logs
 
-VARIANTS = ("unguarded", "guarded", "sqlite", "postgres")
+VARIANTS = ("unguarded", "guarded", "sqlite", "postgres", "sqlite-store", "postgres-store")
 #: 20 text chunks make a 28-event SSE response (created, in_progress, the message's added/done
 #: events, 20 deltas, completed), the size the issue measured.
 CHUNKS = tuple(f"tok{i} " for i in range(20))
@@ -61,20 +64,35 @@ class GuardedServer(GuardedResponses, ResponsesHostServer):  # type: ignore[misc
     """The one-line integration, as a user writes it."""
 
 
-def build_sink(args: argparse.Namespace) -> SqlSink | None:
-    """The variant's sink (``None`` for the unguarded and the guard-only servers)."""
-    if args.variant == "sqlite":
-        return SqlSink(f"sqlite+aiosqlite:///{args.sqlite}", spool_path=args.spool)
-    if args.variant == "postgres":
-        return SqlSink(PG_URL, schema=args.pg_schema, spool_path=args.spool)
+def database_url(args: argparse.Namespace) -> str | None:
+    """The variant's database (``None`` for the unguarded and the guard-only servers)."""
+    if args.variant.startswith("sqlite"):
+        return f"sqlite+aiosqlite:///{args.sqlite}"
+    if args.variant.startswith("postgres"):
+        return PG_URL
     return None
 
 
-def build_server(variant: str, sink: SqlSink | None) -> ResponsesHostServer:
+def build_sink(args: argparse.Namespace) -> SqlSink | None:
+    """The variant's sink (``None`` for the unguarded and the guard-only servers)."""
+    url = database_url(args)
+    if url is None:
+        return None
+    return SqlSink(url, schema=args.pg_schema, spool_path=args.spool)
+
+
+def build_server(args: argparse.Namespace, sink: SqlSink | None) -> ResponsesHostServer:
     """The variant's host over a fresh scripted chat agent (no model, no network)."""
     agent, _probe = chat_agent(ScriptedChatClient(CHUNKS))
-    if variant == "unguarded":
+    if args.variant == "unguarded":
         return ResponsesHostServer(agent, configure_observability=None)
+    if args.variant.endswith("-store"):
+        # The sink is passed too, only so that its spool is this server's folder (with database=
+        # alone a PostgreSQL sink spools to the working directory, the project root here); it is
+        # the SqlSink database= builds, on the same URL.
+        return GuardedServer(
+            agent, sink=sink, database=database_url(args), schema=args.pg_schema, configure_observability=None
+        )
     return GuardedServer(agent, sink=sink, configure_observability=None)
 
 
@@ -164,7 +182,7 @@ async def serve(args: argparse.Namespace) -> None:
     """Serve until told to stop; announce the URL on stdout once uvicorn listens."""
     quiet_eventguard_logs()
     sink = build_sink(args)
-    app = build_server(args.variant, sink)
+    app = build_server(args, sink)
     if sink is not None:
         app.router.lifespan_context = _sink_in_lifespan(app.router.lifespan_context, sink)
     clock = GcClock()
@@ -198,8 +216,8 @@ async def serve(args: argparse.Namespace) -> None:
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks._host_server")
     ap.add_argument("variant", choices=VARIANTS)
-    ap.add_argument("--sqlite", type=Path, default=None, help="the SQLite file (variant sqlite)")
-    ap.add_argument("--pg-schema", default=None, help="the PostgreSQL schema (variant postgres)")
+    ap.add_argument("--sqlite", type=Path, default=None, help="the SQLite file (variants sqlite*)")
+    ap.add_argument("--pg-schema", default=None, help="the PostgreSQL schema (variants postgres*)")
     ap.add_argument("--spool", type=Path, required=True, help="the sink's spool file")
     asyncio.run(serve(ap.parse_args(argv)))
 

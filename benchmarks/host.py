@@ -1,7 +1,9 @@
 """(7) End to end: what eventguard costs a real ``ResponsesHostServer`` serving real clients.
 
-Four servers, each in its own process (``benchmarks._host_server``), all up for the whole part: the
-host unguarded, guarded without a sink, guarded + SQLite sink, guarded + PostgreSQL sink. They serve
+Six servers, each in its own process (``benchmarks._host_server``), all up for the whole part: the
+host unguarded, guarded without a sink, guarded + SQLite sink, guarded + PostgreSQL sink, and the two
+sinks with ``database=`` (the host's response store and agent sessions in the same SQL database, its
+state folder unused: all of eventguard). They serve
 the host's own handler over a model-free chat agent (28 SSE events per response) through uvicorn on
 loopback. A separate client process (``benchmarks._host_client``, httpx) streams the responses at
 concurrency 1 and 16 and reads the server's CPU time (``psutil``).
@@ -9,7 +11,9 @@ concurrency 1 and 16 and reads the server's CPU time (``psutil``).
 Rounds are interleaved: in every round each variant serves once per concurrency, in an order that
 rotates from round to round, so machine noise falls on every variant alike. Before each measurement
 the host's state folder (``AGENTSERVER_STATE_ROOT``: its stored responses and sessions) is emptied
-through the server's ``/_bench/reset`` route and garbage collected. Each figure is a ratio to the
+through the server's ``/_bench/reset`` route and garbage collected. The SQL databases are not
+emptied: the sinks' rows and the SQL store's responses pile up over the rounds, as in a server that
+runs for a while (each database is new when the part starts). Each figure is a ratio to the
 unguarded server in the same round; the table shows the median over the rounds, the note its spread.
 "Lost" is the events the clients received minus the events that reached the database. With the
 PostgreSQL sink, the CPU time of the database backends serving the server's connections is reported
@@ -44,9 +48,13 @@ LABEL = {
     "guarded": "guarded, no sink",
     "sqlite": "guarded + SQLite sink",
     "postgres": "guarded + PostgreSQL sink",
+    "sqlite-store": "guarded, database= on SQLite (sink + SQL response store)",
+    "postgres-store": "guarded, database= on PostgreSQL (sink + SQL response store)",
 }
-#: Variants held to the issue's targets (the guard alone is reported).
+#: Variants held to the issue's targets (the guard alone and the database= servers are reported).
 TARGETED = ("sqlite", "postgres")
+#: Variants whose events are counted against their database.
+RECORDING = ("sqlite", "postgres", "sqlite-store", "postgres-store")
 CONCURRENCY = (1, 16)
 #: The children run ``-m benchmarks...`` from the project root, whatever the caller's directory.
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,16 +82,21 @@ class Server:
         return None
 
 
+def on_postgres(variant: str) -> bool:
+    return variant.startswith("postgres")
+
+
 async def start_server(variant: str, folder: Path, schema: str | None) -> Server:
-    """Start one server process and wait for the URL it announces."""
+    """Start one server process and wait for the URL it announces (``schema``: its PostgreSQL
+    schema, for a PostgreSQL variant)."""
     state = folder / "state"
     state.mkdir(parents=True)
     args = [variant, "--spool", str(folder / "spool.jsonl")]
-    sqlite = folder / "bench.db" if variant == "sqlite" else None
+    sqlite = folder / "bench.db" if variant.startswith("sqlite") else None
     if sqlite is not None:
         args += ["--sqlite", str(sqlite)]
-    if variant == "postgres":
-        args += ["--pg-schema", str(schema)]
+    if schema is not None:
+        args += ["--pg-schema", schema]
     env = {**os.environ, "AGENTSERVER_STATE_ROOT": str(state)}
     with open(folder / "stderr.txt", "wb") as err:  # noqa: ASYNC230 - opened once, before the child
         proc = await asyncio.create_subprocess_exec(
@@ -130,9 +143,10 @@ async def servers(variants: list[str]) -> AsyncIterator[dict[str, Server]]:
     """Every variant's server, started side by side, stopped at the end."""
     async with contextlib.AsyncExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="eg-host-")))
-        schema = await stack.enter_async_context(pg_schema()) if "postgres" in variants else None
+        # A schema per PostgreSQL server: each one's events are counted in its own.
+        schemas = {v: await stack.enter_async_context(pg_schema()) for v in variants if on_postgres(v)}
         started = await asyncio.gather(
-            *(start_server(v, root / v, schema) for v in variants), return_exceptions=True
+            *(start_server(v, root / v, schemas.get(v)) for v in variants), return_exceptions=True
         )
         running = [s for s in started if isinstance(s, Server)]
         try:
@@ -171,7 +185,7 @@ async def measure(server: Server, concurrency: int, n: int) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
         (await http.post("/_bench/reset")).raise_for_status()
     before = await server.stored()
-    pg_before = await pg_backends(server.pid) if server.variant == "postgres" else {}
+    pg_before = await pg_backends(server.pid) if on_postgres(server.variant) else {}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -191,7 +205,7 @@ async def measure(server: Server, concurrency: int, n: int) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
     after = await server.stored()
     result["stored"] = None if before is None or after is None else after - before
-    if server.variant == "postgres":
+    if on_postgres(server.variant):
         pg_after = await pg_backends(server.pid)
         # A backend that appeared during the run spent all its time on it.
         result["pg_cpu"] = sum(t - pg_before.get(pid, 0.0) for pid, t in pg_after.items())
@@ -285,12 +299,12 @@ def rows_for(
                     note=f"median of {rounds} per-round ratios; spread {spread(ratios)}",
                 )
             )
-        if v in TARGETED:
+        if v in RECORDING:
             received = sum(int(r["events"]) for r in runs[v])
             stored = sum(int(r["stored"]) for r in runs[v])
             spooled = max(int(r["spooled"]) for r in runs[v])
             sizes = sorted({e for r in runs[v] for e in r["events_per_response"]})
-            if v == "postgres":
+            if on_postgres(v):
                 per = [r["pg_cpu"] / (n + concurrency) * 1000 for r in runs[v]]
                 rows.append(
                     Row(
@@ -320,7 +334,9 @@ def rows_for(
 
 async def run(sizes: Sizes) -> list[Row]:
     pg_why = await pg_unreachable()
-    variants = ["unguarded", "guarded", "sqlite"] + ([] if pg_why else ["postgres"])
+    variants = ["unguarded", "guarded", "sqlite", "sqlite-store"] + (
+        [] if pg_why else ["postgres", "postgres-store"]
+    )
     per_c = {1: sizes.host_responses_c1, 16: sizes.host_responses_c16}
     runs: dict[int, dict[str, list[dict[str, Any]]]] = {c: {v: [] for v in variants} for c in CONCURRENCY}
     async with servers(variants) as running:
@@ -335,5 +351,5 @@ async def run(sizes: Sizes) -> list[Row]:
     for c in CONCURRENCY:
         rows += rows_for(c, per_c[c], runs[c], variants)
     if pg_why:
-        rows.append(Row(ITEM, LABEL["postgres"], None, "", skipped=pg_why))
+        rows += [Row(ITEM, LABEL[v], None, "", skipped=pg_why) for v in ("postgres", "postgres-store")]
     return rows
