@@ -13,7 +13,9 @@ from ._common import Row
 
 
 def _score(r: Row) -> float:
-    v = r.value if r.absolute else r.ratio
+    # A figure without a baseline (the unguarded server's own responses/s, say) has no ratio: its
+    # value is what its runs are compared by. Scored NaN, its runs would sort in no order at all.
+    v = r.value if r.absolute or r.ratio is None else r.ratio
     return float("nan") if v is None else v
 
 

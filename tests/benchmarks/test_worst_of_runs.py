@@ -35,6 +35,13 @@ def test_the_worst_run_of_each_figure_is_kept_in_the_first_runs_order() -> None:
     assert "worst of 3 runs" in rps.note and "median of 3 runs" in p50.note
 
 
+def test_a_figure_without_a_baseline_keeps_its_median_run_by_value() -> None:
+    runs = [[Row("7 host", "unguarded rps", v, "/s")] for v in (91.0, 80.0, 107.0, 85.0, 99.0)]
+    (row,) = _runs.worst(runs)
+    assert row.value == 91.0  # the median of five values, not whichever run sorted there
+    assert "median of 5 runs (all: 91, 80, 107, 85, 99)" in row.note, row.note
+
+
 def test_a_single_run_is_returned_unchanged() -> None:
     rows = run(9.9, 1.05, 0, 2.0)
     assert _runs.worst([rows]) is rows
