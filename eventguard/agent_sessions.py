@@ -137,7 +137,8 @@ class SqlAgentSessionStoreProvider(StoreProvider[SessionStore]):
         database: a :class:`~eventguard.SqlResponseProvider` to share (its engine, schema check and
             storage errors), or what one takes: a database URL or an ``AsyncEngine`` to borrow
             (default ``EVENTGUARD_DATABASE_URL``, else ``./eventguard.db``).
-        schema, auto_migrate: as for :class:`~eventguard.SqlResponseProvider` (a URL or engine only).
+        schema: as for :class:`~eventguard.SqlResponseProvider` (a URL or engine only).
+        auto_migrate: as for :class:`~eventguard.SqlResponseProvider` (a URL or engine only).
 
     Sessions are partitioned by the platform context's ``user_id`` (``None`` is its own partition).
     A database that fails raises :class:`~eventguard.ProviderStorageError`; a session that cannot be
