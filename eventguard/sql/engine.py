@@ -52,6 +52,8 @@ DEFAULT_SQLITE_FILE = "eventguard.db"
 
 #: The execution option that picks SQLite's BEGIN flavour for one connection.
 SQLITE_BEGIN_OPTION = "eventguard_sqlite_begin"
+#: A pooled connection's ``info`` key: its last BEGIN was cancelled before it answered.
+_BEGIN_UNFINISHED = "eventguard_begin_unfinished"
 
 
 def resolve_url(url: str | URL | None) -> URL:
@@ -530,7 +532,8 @@ def _install_sqlite_hooks(engine: AsyncEngine, busy_timeout_ms: int) -> None:
         if not state.asyncio_safe:
             return
         driver = record.driver_connection
-        if isinstance(driver, aiosqlite.Connection) and not driver.in_transaction:
+        unsure = record.info.pop(_BEGIN_UNFINISHED, False)
+        if isinstance(driver, aiosqlite.Connection) and not driver.in_transaction and not unsure:
             return
         dbapi_connection.rollback()
 
@@ -552,3 +555,9 @@ def _install_sqlite_hooks(engine: AsyncEngine, busy_timeout_ms: int) -> None:
             _await(driver.execute(sql))
         except sqlite3.Error as exc:
             raise DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
+        except BaseException:
+            # Cancelled (or interrupted) while the BEGIN was queued or waiting for the lock on the
+            # driver's thread: it still runs there, after this connection is handed back, so "no
+            # transaction" at the reset is not to be believed. Rolled back then, queued behind it.
+            conn.connection.info[_BEGIN_UNFINISHED] = True
+            raise

@@ -126,3 +126,40 @@ async def test_a_database_locked_at_begin_is_an_outage(tmp_path: Path) -> None:
         assert classify(caught.value) is ErrorKind.OUTAGE
     finally:
         await engine.dispose()
+
+
+async def test_a_transaction_cancelled_while_its_begin_waits_for_the_lock_leaves_the_lock_free(
+    tmp_path: Path,
+) -> None:
+    # A task cancelled while its BEGIN IMMEDIATE waits (behind another writer) on aiosqlite's thread:
+    # the connection goes back to the pool before that BEGIN has run, so the driver says "no
+    # transaction" then. Skipping the pool's rollback on that answer left the connection to take
+    # the write lock a moment later and keep it, idle in the pool, for good: every later writer
+    # waited busy_timeout and failed (seen as a replica's stop() that timed out in CI).
+    path = tmp_path / "eg.db"
+    engine = _db.create_engine(_db.resolve_url(f"sqlite:///{path}"), busy_timeout_ms=5_000)
+    try:
+        async with asyncio.timeout(30), engine.begin() as conn:
+            await conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as holder:
+            holder.execute("BEGIN IMMEDIATE")
+
+            async def write() -> None:
+                async with engine.begin() as conn:
+                    await conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+
+            task = asyncio.create_task(write())
+            await asyncio.sleep(0.3)  # its BEGIN IMMEDIATE is waiting on the driver's thread
+            task.cancel()
+            async with asyncio.timeout(30):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            holder.execute("ROLLBACK")  # the waiting BEGIN takes the lock now
+        await asyncio.sleep(0.3)  # and the rollback queued behind it (the fix) gives it back
+        with contextlib.closing(sqlite3.connect(path, timeout=1.0, isolation_level=None)) as other:
+            other.execute("BEGIN IMMEDIATE")  # "database is locked" when the lock was kept
+            assert other.execute("SELECT count(*) FROM t").fetchone() == (0,)
+            other.execute("ROLLBACK")
+    finally:
+        async with asyncio.timeout(30):
+            await engine.dispose()
