@@ -8,6 +8,7 @@ Every await here is bounded by ``asyncio.timeout``; a ``TimeoutError`` always pr
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
@@ -36,6 +37,26 @@ EXITS_FOR_RECOVERY = Version(RESPONSES_VERSION) >= Version("2.3.0b2")
 #: ... and before 2.4.0b1 the next process lifetime never re-invokes the interrupted run (seen on
 #: 2.3.0b2 and 2.3.0, under hosting 1.0.0b261002 to 1.0.0b261022 alike: the responses package's doing).
 REINVOKES_RECOVERED_RUNS = Version(RESPONSES_VERSION) >= Version("2.4.0b1")
+
+
+def _resume_misses_the_role_gate() -> bool:
+    """agent-framework-core 1.26.0 added a required ``role_gate`` argument to the private
+    ``WorkflowAgent._convert_workflow_event_to_agent_response_updates``; hosting 1.0.0b261022 (the
+    newest on 2026-12-04) still calls it with two, when it resumes a workflow from its checkpoint.
+    Probed, not keyed on versions: the pair the resolver picks decides it."""
+    from agent_framework import WorkflowAgent
+    from agent_framework_foundry_hosting import _responses
+
+    wanted = inspect.signature(WorkflowAgent._convert_workflow_event_to_agent_response_updates).parameters
+    resume = getattr(_responses.ResponsesHostServer, "_resume_workflow_from_checkpoint", None)
+    if "role_gate" not in wanted or resume is None:
+        return False
+    return "role_gate" not in inspect.getsource(resume)
+
+
+#: ... so the recovered run fails in the host (TypeError, reported as ``server_error``) before any
+#: output: there is a recovery to observe, and it ends ``failed``.
+RESUME_FAILS_UPSTREAM = _resume_misses_the_role_gate()
 
 ENDED_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
