@@ -32,6 +32,8 @@ from eventguard import ResponseStore
 from eventguard.testing import wait_until
 from tests._postgres import PG_URL, fresh_schema
 
+from ._drivers import RESUME_FAILS_UPSTREAM
+
 pytestmark = [pytest.mark.upstream]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -232,11 +234,18 @@ async def test_a_resilient_background_run_interrupted_by_a_restart_is_recovered_
     async with lifetime(database, state_root, "run", "second") as second, client(second.base_url) as c:
         status = await wait_status(c, run.id, {"completed", "failed", "cancelled"})
         final = await c.responses.retrieve(run.id)
-    assert status == "completed", final
-    assert "echo: stuck on a slow tool" in final.output_text
+    # Where the resume itself fails in the host (hosting 1.0.0b261022 with core 1.26.0, see
+    # tests/upstream/_drivers.py), the recovery still starts from the SQL store, and ends as the host
+    # reports it: failed, in the host's GET and in the database alike.
+    expected = "failed" if RESUME_FAILS_UPSTREAM else "completed"
+    assert status == expected, final
+    if RESUME_FAILS_UPSTREAM:
+        assert final.error is not None and final.error.code == "server_error", final.error
+    else:
+        assert "echo: stuck on a slow tool" in final.output_text
     async with ResponseStore(database.url, schema=database.schema) as store:
         record = await store.get(run.id)
-        assert record is not None and record.status == "completed"
+        assert record is not None and record.status == expected
         assert record.attempt == 2  # the interrupted attempt, then the recovered one
 
 
