@@ -6,7 +6,8 @@ stream and table, the figure of a sink that does the least any sink must:
 
 - **ideal**: the guard without a sink, one ``list.append`` per event on the event loop, and a
   thread that, every ``--batch`` events, serialises them with orjson and inserts them in one
-  transaction (``INSERT ... SELECT FROM json_each(?)``, or ``executemany``). No storable checks,
+  transaction (``INSERT ... SELECT FROM json_each(?)``, ``executemany``, or multi-row ``VALUES`` in
+  the sink's own power-of-two pieces, :func:`eventguard.sink.apply.sqlite_pieces`). No storable checks,
   no lifecycle rows, no spool, no budget on how long the thread holds the GIL;
 - **SqlSink**: the real sink, as the benchmark runs it;
 - **raw**: the benchmark's own baseline (:func:`benchmarks.throughput._raw_sqlite`).
@@ -28,6 +29,7 @@ import sqlite3
 import tempfile
 import threading
 import time
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from benchmarks._sinks import timed_guarded
 from benchmarks.throughput import _raw_sqlite
 from eventguard import guard
 from eventguard.sink import SqlSink
+from eventguard.sink.apply import sqlite_pieces
 
 _COLUMNS = "response_id, attempt, seq, type, payload, recorded_at"
 _JSON_EACH = (
@@ -46,6 +49,12 @@ _JSON_EACH = (
     + " FROM json_each(?) WHERE true ON CONFLICT DO NOTHING"
 )
 _MANY = f"INSERT INTO eventguard_events ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+METHODS = ("json_each", "executemany", "values")
+
+
+def _values(n: int) -> str:
+    rows = ", ".join(["(?, ?, ?, ?, ?, ?)"] * n)
+    return f"INSERT INTO eventguard_events ({_COLUMNS}) VALUES {rows} ON CONFLICT DO NOTHING"
 
 
 async def _database(directory: Path) -> Path:
@@ -90,6 +99,9 @@ class _IdealWriter:
             self._conn.execute("BEGIN IMMEDIATE")
             if self._method == "executemany":
                 self._conn.executemany(_MANY, rows)
+            elif self._method == "values":
+                for piece in sqlite_pieces(rows):
+                    self._conn.execute(_values(len(piece)), list(chain.from_iterable(piece))).close()
             else:
                 self._conn.execute(_JSON_EACH, (dumps(rows).decode(),)).close()
             self._conn.execute("COMMIT")
@@ -138,7 +150,7 @@ async def main() -> None:
         with tempfile.TemporaryDirectory(prefix="eg-ceiling-") as d:
             raw = await _raw(_fresh(d, "raw"), args.n)
             for size in batches:
-                for method in ("json_each", "executemany"):
+                for method in METHODS:
                     rate = await _ideal(_fresh(d, f"ideal-{size}-{method}"), args.n, size, method)
                     figures.append(f"ideal {method} /{size:,}: {rate / raw:.2f}x")
             figures.append(f"SqlSink: {await _sqlsink(_fresh(d, 'sink'), args.n) / raw:.2f}x")
