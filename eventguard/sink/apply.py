@@ -2,15 +2,19 @@
 
 Every statement is idempotent: keyed inserts use ON CONFLICT DO NOTHING, and the row write is a
 conditional upsert (never from a terminal state, never backwards). All of a cycle's response rows
-go in one statement (on SQLite, one per piece), ``INSERT ... ON CONFLICT (response_id) DO UPDATE ...
-WHERE status NOT IN (terminal states) AND <moves forward>``. When it writes fewer rows than it was given, the rows are
-read back and judged one by one, as before. A status change the database refuses becomes a
-:class:`Refusal` and an anomaly row, never a silent no-op.
+go in one statement (a short cycle's on SQLite, one per piece), ``INSERT ... ON CONFLICT
+(response_id) DO UPDATE ... WHERE status NOT IN (terminal states) AND <moves forward>``. When it
+writes fewer rows than it was given, the rows are read back and judged one by one, as before. A
+status change the database refuses becomes a :class:`Refusal` and an anomaly row, never a silent
+no-op.
 
-On SQLite, rows go as multi-row ``VALUES`` of bound values, in pieces of power-of-two sizes
-(:func:`sqlite_pieces`): one ``sqlite3`` call per piece, so SQLite works through a piece without
-taking the GIL back from the streams once per row (as ``executemany`` would), and parses no JSON
-(the ``json_each`` array this replaced cost about twice the writer thread's time per row). On
+On SQLite, a short cycle's rows (at most :data:`SQLITE_VALUES_UP_TO` for a table: a short
+response's start or end, the common case) go as multi-row ``VALUES`` of bound values, in pieces of
+power-of-two sizes (:func:`sqlite_pieces`): no JSON for SQLite to parse, about half the writer
+thread's time per row. More rows go as one JSON array that ``json_each`` unpacks: one statement,
+so SQLite works through the whole cycle without the GIL, which the writer takes back from the
+streams once per statement (a long stream's cycle in pieces took it back every 64 rows, and the
+streams' p99 latency rose). Neither takes the GIL back once per row, as ``executemany`` would. On
 PostgreSQL, one array per column through ``unnest``, the statement text the same whatever its row
 count. Events on PostgreSQL take the driver's binary COPY into a session's TEMP table instead, then
 one keyed insert from it (``unnest`` again with ``pooler_safe``). Values go through the column
@@ -79,13 +83,16 @@ from eventguard.sql.engine import PreSerialised
 from eventguard.sql.sqlite_thread import SqliteConnection
 from eventguard.sql.tables import TERMINAL, anomalies, events, responses, sql_list, transitions
 
-#: Response rows per upsert statement, and events (transitions, anomalies) per insert, on
-#: PostgreSQL: each statement binds one array per column whatever its row count, so the bounds
-#: only keep one statement's work, and the event loop's share of it, in proportion. Fewer
-#: statements mean fewer round trips, and under load every round trip waits for a whole turn of
-#: the event loop. (SQLite's statements are bounded by :data:`SQLITE_MAX_PIECE` instead.)
+#: Response rows per upsert statement, and events (transitions, anomalies) per insert. Each
+#: statement binds a fixed number of values whatever its row count (one array per column on
+#: PostgreSQL, one JSON array on SQLite past :data:`SQLITE_VALUES_UP_TO` rows): the bounds only
+#: keep one statement's work, and the event loop's share of it, in proportion. Fewer statements
+#: mean fewer round trips, and under load every round trip waits for a whole turn of the event loop.
 ROWS_PER_STATEMENT = 2_000
 EVENTS_PER_STATEMENT = 10_000
+#: On SQLite, the rows of one table a cycle writes as bound ``VALUES`` at the most; more go as one
+#: ``json_each`` array (see the module docstring).
+SQLITE_VALUES_UP_TO = 64
 #: Rows in one SQLite ``VALUES`` statement at the most, and the values one statement may bind
 #: (``SQLITE_MAX_VARIABLE_NUMBER`` was 999 before SQLite 3.32): a wide table's pieces are smaller.
 #: A statement's text holds its row count, so the sizes are powers of two: at most seven texts
@@ -294,7 +301,7 @@ async def _upsert(conn: AsyncConnection, chunk: list[Batch]) -> int:
         (b.response_id, *(b.row[n] if p is None else p(b.row[n]) for n, p in pairs), b.stream_id)
         for b in chunk
     ]
-    return await _sqlite_values(conn, _sqlite_upsert, rows)
+    return await _sqlite_rows(conn, _sqlite_upsert, _sqlite_upsert_json(), rows)
 
 
 def pg_row_arrays(dialect: Dialect, chunk: Sequence[Batch]) -> tuple[list[Any], ...]:
@@ -437,6 +444,23 @@ def _upsert_tail(dialect: Dialect, distinct: str) -> str:
     )
 
 
+@lru_cache(maxsize=1)
+def _sqlite_upsert_json() -> str:
+    """The upsert of the response rows in one bound JSON array, on SQLite."""
+    dialect = _DIALECTS["sqlite"]
+    q = dialect.identifier_preparer.quote
+    names = ", ".join(q(c.name) for c in _ROW_COLUMNS)
+    return f"INSERT INTO {q(responses.name)} ({names}) {_from_json_each(len(_ROW_COLUMNS))}" + (
+        _upsert_tail(dialect, "IS NOT")
+    )
+
+
+def _from_json_each(width: int) -> str:
+    values = ", ".join(f"json_extract(value, '$[{i}]')" for i in range(width))
+    # "WHERE true": SQLite's documented way to end an INSERT ... SELECT before ON CONFLICT.
+    return f"SELECT {values} FROM json_each(?) WHERE true"
+
+
 @lru_cache(maxsize=8)
 def _sqlite_upsert(n: int) -> str:
     """The upsert of ``n`` response rows on SQLite."""
@@ -487,12 +511,15 @@ async def _insert(conn: AsyncConnection, table: Table, rows: list[tuple[Any, ...
 
     PostgreSQL: ``INSERT ... SELECT FROM unnest($1::type[], ...)``, one array per column, one
     statement text whatever the count. SQLite: ``INSERT ... VALUES (...), (...)``, in the pieces
-    of :func:`sqlite_pieces`.
+    of :func:`sqlite_pieces`, or one ``INSERT ... SELECT FROM json_each(?)`` (see
+    :func:`_sqlite_rows`).
     """
     if not rows:
         return
     if conn.dialect.name != "postgresql":
-        await _sqlite_values(conn, lambda n: _sqlite_insert(table.name, n), rows)
+        await _sqlite_rows(
+            conn, lambda n: _sqlite_insert(table.name, n), _sqlite_insert_json(table.name), rows
+        )
         return
     for start in range(0, len(rows), EVENTS_PER_STATEMENT):
         chunk = rows[start : start + EVENTS_PER_STATEMENT]
@@ -515,14 +542,21 @@ def sqlite_pieces(rows: Sequence[tuple[Any, ...]]) -> Iterator[Sequence[tuple[An
         start += size
 
 
-async def _sqlite_values(
-    conn: AsyncConnection, statement: Callable[[int], str], rows: Sequence[tuple[Any, ...]]
+async def _sqlite_rows(
+    conn: AsyncConnection, values: Callable[[int], str], json_each: str, rows: Sequence[tuple[Any, ...]]
 ) -> int:
-    """Run ``statement(n)`` (a multi-row ``VALUES`` of ``n`` rows) over ``rows``, piece by piece,
-    in the caller's transaction; the rows it changed."""
+    """Write ``rows`` in the caller's transaction; the rows it changed. Up to
+    :data:`SQLITE_VALUES_UP_TO` rows: ``values(n)`` (a multi-row ``VALUES`` of ``n`` rows), piece by
+    piece; more: the statement ``json_each``, up to :data:`EVENTS_PER_STATEMENT` rows in each
+    bound JSON array."""
     changed = 0
+    if len(rows) > SQLITE_VALUES_UP_TO:
+        for start in range(0, len(rows), EVENTS_PER_STATEMENT):
+            chunk = rows[start : start + EVENTS_PER_STATEMENT]
+            changed += await _execute(conn, json_each, (orjson.dumps(chunk).decode(),))
+        return changed
     for piece in sqlite_pieces(rows):
-        changed += await _execute(conn, statement(len(piece)), tuple(chain.from_iterable(piece)))
+        changed += await _execute(conn, values(len(piece)), tuple(chain.from_iterable(piece)))
     return changed
 
 
@@ -653,6 +687,15 @@ def _pg_from_stage() -> str:
 def _columns(table: Table) -> tuple[Column[Any], ...]:
     # Every column but a generated key.
     return tuple(c for c in table.columns if not (c.primary_key and c.autoincrement is True))
+
+
+@lru_cache(maxsize=4)
+def _sqlite_insert_json(name: str) -> str:
+    """The keyed insert of rows of table ``name`` in one bound JSON array, on SQLite."""
+    columns = _columns(_TABLES[name])
+    q = _DIALECTS["sqlite"].identifier_preparer.quote
+    names = ", ".join(q(c.name) for c in columns)
+    return f"INSERT INTO {q(name)} ({names}) {_from_json_each(len(columns))} ON CONFLICT DO NOTHING"
 
 
 @lru_cache(maxsize=32)

@@ -1,6 +1,8 @@
-"""On SQLite the sink's rows go as multi-row ``VALUES`` in pieces of power-of-two sizes: every row
-once and in order, no statement over SQLite's oldest bind limit (999 values), and few enough
-statement texts that ``sqlite3``'s statement cache keeps them all, whatever the batch sizes."""
+"""On SQLite a short cycle's rows go as multi-row ``VALUES`` in pieces of power-of-two sizes: every
+row once and in order, no statement over SQLite's oldest bind limit (999 values), and few enough
+statement texts that ``sqlite3``'s statement cache keeps them all, whatever the batch sizes. A
+longer cycle's rows go in one ``json_each`` statement, so the writer thread takes the GIL back from
+the streams once for them, not once per piece."""
 
 from __future__ import annotations
 
@@ -47,14 +49,18 @@ def test_no_rows_make_no_piece() -> None:
 async def test_streams_of_every_length_are_stored_whole_with_few_statement_texts(
     sqlite_target: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # 70 responses of 1 to 70 deltas, each flushed alone: every batch size a cycle can have up to
-    # past one full piece. Every event is stored once, and the writer thread prepared at most
-    # seven texts per table (sqlite3 caches 128 per connection).
+    # 70 responses of 1 to 70 deltas, each flushed alone: every batch size a cycle can have, past
+    # the last one written as VALUES. Every event is stored once; the writer thread prepared at
+    # most seven VALUES texts per table and one json_each text (sqlite3 caches 128 per connection),
+    # and every cycle of more than SQLITE_VALUES_UP_TO events wrote them in one statement.
     texts: set[str] = set()
+    long_cycles: list[int] = []
     run = sqlite_thread.SqliteConnection.run
 
     def seen(self: Any, sql: str, params: Any) -> int:
         texts.add(sql)
+        if sql.startswith(f"INSERT INTO {events.name} ") and "json_each" in sql:
+            long_cycles.append(len(params))
         return run(self, sql, params)
 
     monkeypatch.setattr(sqlite_thread.SqliteConnection, "run", seen)
@@ -75,4 +81,6 @@ async def test_streams_of_every_length_are_stored_whole_with_few_statement_texts
     assert (stored, completed) == (sent, 70)
     for table in (events, transitions, responses):
         into = f"INSERT INTO {table.name} "
-        assert 1 <= sum(t.startswith(into) for t in texts) <= 7, table.name
+        assert 1 <= sum(t.startswith(into) and "json_each" not in t for t in texts) <= 7, table.name
+    assert sum("json_each" in t for t in texts) == 1  # the events of the longest cycles
+    assert long_cycles and set(long_cycles) == {1}  # one bound array each
