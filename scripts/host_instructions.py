@@ -1,0 +1,142 @@
+"""What a real server pays per response, in instructions, not time (issue 13).
+
+``python -m benchmarks host`` reads each server's CPU time, and on a shared machine that moves by
+20 % or more from round to round, more than the sink's whole cost. Instruction counts barely move:
+this serves ``--responses`` and three times as many 28-event streaming responses, one after another,
+from the host benchmark's own servers (:func:`benchmarks._host_server.build_server`: the real
+``ResponsesHostServer`` over a model-free chat agent) in-process through ``httpx.ASGITransport``,
+under ``valgrind --tool=callgrind``; the difference of the two counts over twice ``--responses`` is
+one response's cost, every thread of the process included (the SQLite writer's too). Kernel time
+(the WAL's writes, a thread's wake-up) is not counted.
+
+Every time is stretched ``--scale`` times (the sink's ``flush_interval``), so valgrind's slowdown
+keeps the schedule of a quick response: one write transaction per response, as at concurrency 1.
+
+    python scripts/host_instructions.py                      # unguarded, guarded, sqlite; ~3 minutes
+    python scripts/host_instructions.py --variant postgres   # PostgreSQL on 127.0.0.1:5432 too
+    PYTHONPATH=/other/checkout python scripts/host_instructions.py   # another commit's eventguard
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ("unguarded", "guarded", "sqlite", "postgres")
+PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+async def _serve_some(variant: str, n: int, scale: float) -> None:
+    """``n`` streaming responses from ``variant``'s server, one after another, in this process."""
+    import httpx
+
+    from benchmarks._common import PG_URL
+    from benchmarks._host_server import build_server
+    from eventguard.sink import SqlSink
+
+    tmp = Path(tempfile.mkdtemp(prefix="eg-host-instr-"))
+    os.environ["AGENTSERVER_STATE_ROOT"] = str(tmp / "state")
+    sink: SqlSink | None = None
+    schema: str | None = None
+    every = 0.05 * scale  # the sink's default flush_interval, stretched
+    if variant == "sqlite":
+        sink = SqlSink(
+            f"sqlite+aiosqlite:///{tmp / 'eg.db'}", spool_path=tmp / "spool.jsonl", flush_interval=every
+        )
+    elif variant == "postgres":
+        import asyncpg  # type: ignore[import-untyped]
+
+        schema = f"eg_instr_{uuid.uuid4().hex[:10]}"
+        conn = await asyncpg.connect(PG_DSN)
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+        await conn.close()
+        sink = SqlSink(PG_URL, schema=schema, spool_path=tmp / "spool.jsonl", flush_interval=every)
+    if sink is not None:
+        await sink.start()
+    server = build_server(argparse.Namespace(variant=variant, pg_schema=schema), sink)
+    body = {"model": "m", "input": "hi", "stream": True}
+    try:
+        async with (
+            asyncio.timeout(600 * scale),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=server), base_url="http://host") as client,
+        ):
+            for _ in range(n):
+                async with client.stream("POST", "/responses", json=body) as response:
+                    async for _ in response.aiter_lines():
+                        pass
+            if sink is not None:
+                await sink.flush()
+    finally:
+        if sink is not None:
+            await sink.aclose()
+        if schema is not None:
+            conn = await asyncpg.connect(PG_DSN)
+            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+            await conn.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _instructions(variant: str, n: int, scale: float, out: Path) -> int:
+    """Instructions the whole process ran to serve ``n`` responses from ``variant``."""
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__]
+    # The same dict layouts in every run (counts repeat); this checkout's benchmarks package.
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
+    args = ["--one", variant, str(n), "--scale", str(scale)]
+    done = subprocess.run([*cmd, *args], capture_output=True, text=True, check=False, env=env)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if done.returncode != 0 or found is None:
+        raise RuntimeError(f"{variant} {n} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--responses", type=int, default=20, help="N: runs of N and 3N responses (default 20)")
+    ap.add_argument(
+        "--variant", action="append", choices=VARIANTS, help="(repeatable) default: all but postgres"
+    )
+    ap.add_argument("--scale", type=float, default=50.0, help="stretch the sink's times (default 50)")
+    ap.add_argument("--one", nargs=2, metavar=("VARIANT", "N"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        asyncio.run(_serve_some(args.one[0], int(args.one[1]), args.scale))
+        return 0
+    if shutil.which("valgrind") is None:
+        print("valgrind is not on PATH", file=sys.stderr)
+        return 2
+    variants = args.variant or ["unguarded", "guarded", "sqlite"]
+    if "unguarded" not in variants:
+        variants.insert(0, "unguarded")
+    n = args.responses
+    runs = [(v, k) for v in variants for k in (n, 3 * n)]
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        counts = dict(
+            zip(
+                runs,
+                pool.map(
+                    lambda r: _instructions(r[0], r[1], args.scale, Path(tmp) / f"{r[0]}-{r[1]}.out"), runs
+                ),
+                strict=True,
+            )
+        )
+    per = {v: (counts[v, 3 * n] - counts[v, n]) / (2 * n) for v in variants}
+    where = os.environ.get("PYTHONPATH") or "this checkout"
+    print(f"instructions per 28-event response, {2 * n} responses counted ({where}):")
+    for v in variants:
+        print(f"  {v:10} {per[v] / 1e6:7.2f} M  {per[v] / per['unguarded']:.3f}x the unguarded server")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
