@@ -12,8 +12,8 @@ one response's cost, every thread of the process included (the SQLite writer's t
 Every time is stretched ``--scale`` times (the sink's ``flush_interval``), so valgrind's slowdown
 keeps the schedule of a quick response: one write transaction per response, as at concurrency 1.
 
-    python scripts/host_instructions.py                      # unguarded, guarded, sqlite; ~3 minutes
-    python scripts/host_instructions.py --variant postgres   # PostgreSQL on 127.0.0.1:5432 too
+    python scripts/host_instructions.py                      # unguarded, guarded, sqlite; ~4 minutes
+    python scripts/host_instructions.py --variant postgres   # unguarded and the PostgreSQL sink
     PYTHONPATH=/other/checkout python scripts/host_instructions.py   # another commit's eventguard
 """
 
