@@ -4,8 +4,9 @@
 untimed responses (connections opened, first-use costs paid), then ``RESPONSES`` streaming responses
 with ``CONCURRENCY`` in flight at a time, then ``POST /_bench/flush``; it prints one JSON object:
 wall seconds, per-response latencies (request sent to the stream's last byte), the server process's
-CPU seconds over the timed part and the flush (``psutil``: user + system, every thread), the part of
-it the server spent in the garbage collector (``GET /_bench/gc`` before and after), and the SSE
+CPU seconds over the timed part and the flush (``psutil``: user + system, every thread; each also
+apart, so the kernel's share of a variant's extra CPU shows), the part of it the server spent in
+the garbage collector and its context switches (``GET /_bench/gc`` before and after), and the SSE
 events received (the warm-up's included, for the count against the database).
 """
 
@@ -69,11 +70,13 @@ async def run(url: str, pid: int, concurrency: int, n: int) -> dict[str, Any]:
         "wall": wall,
         "latencies": [lat for lat, _ in timed],
         "cpu": (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system),
+        "cpu_system": cpu1.system - cpu0.system,
         "events": sum(ev for _, ev in warm) + sum(ev for _, ev in timed),
         "events_per_response": sorted({ev for _, ev in timed}),
         "spooled": spooled,
         "gc": gc1["seconds"] - gc0["seconds"],
         "gc_full": gc1["collections"][2] - gc0["collections"][2],
+        "switches": gc1["switches"] - gc0["switches"],
     }
 
 

@@ -18,7 +18,9 @@ to a folder of this server's own. Two routes of the benchmark's own sit beside t
   a sink), so the server CPU measured around a run includes the writing it caused;
 - ``GET /_bench/gc`` returns the seconds this process has spent in the cyclic garbage collector so
   far, and how many collections of each generation ran (``gc.callbacks``, every thread), so the
-  part of the CPU time that is collection can be told apart from the rest.
+  part of the CPU time that is collection can be told apart from the rest; and the process's
+  context switches so far (``getrusage``: every thread, ended ones included), so the thread
+  hand-offs and waits a variant adds can be counted.
 
 The sink is started and closed in the app's lifespan, on uvicorn's event loop: uvicorn re-raises
 SIGTERM once it has stopped, so code after ``serve()`` may never run, and a sink closed there would
@@ -32,6 +34,7 @@ import asyncio
 import gc
 import json
 import os
+import resource
 import shutil
 import sys
 import threading
@@ -140,7 +143,12 @@ class GcClock:
             self.collections[info["generation"]] += 1
 
     def reading(self) -> dict[str, Any]:
-        return {"seconds": self.seconds, "collections": list(self.collections)}
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return {
+            "seconds": self.seconds,
+            "collections": list(self.collections),
+            "switches": usage.ru_nvcsw + usage.ru_nivcsw,
+        }
 
 
 def add_bench_routes(

@@ -259,6 +259,25 @@ def gc_row(concurrency: int, n: int, variant: str, runs: list[dict[str, Any]]) -
     )
 
 
+def kernel_row(concurrency: int, n: int, variant: str, runs: list[dict[str, Any]]) -> Row:
+    """Reported: the server's CPU per response in the kernel (system time) and its context switches
+    per response (every thread: a wait on a socket, a lock or a queue, a thread woken). Where a
+    variant's extra CPU goes when it is not in its own instructions: system calls and thread
+    hand-offs, which an instruction count does not see."""
+    system = [r["cpu_system"] / n * 1000 for r in runs]
+    share = [r["cpu_system"] / r["cpu"] * 100 for r in runs if r["cpu"] > 0]
+    switches = [r["switches"] / n for r in runs]
+    return Row(
+        ITEM,
+        f"c={concurrency}, {LABEL[variant]}: kernel CPU per response",
+        median(system),
+        "ms",
+        note=f"{median(share):.0f} % of the server CPU (spread {min(share):.0f}-{max(share):.0f} %); "
+        f"{median(switches):.1f} context switches per response (spread {min(switches):.1f}-"
+        f"{max(switches):.1f}); kernel CPU spread {min(system):.3g}-{max(system):.3g} ms",
+    )
+
+
 def rows_for(
     concurrency: int, n: int, runs: dict[str, list[dict[str, Any]]], variants: list[str]
 ) -> list[Row]:
@@ -278,6 +297,7 @@ def rows_for(
         if key in ("rps", "cpu")
     ]
     rows += [gc_row(concurrency, n, v, runs[v]) for v in variants]
+    rows += [kernel_row(concurrency, n, v, runs[v]) for v in variants]
     for v in variants:
         if v == "unguarded":
             continue

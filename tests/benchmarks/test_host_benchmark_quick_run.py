@@ -32,9 +32,15 @@ async def test_quick_host_run_reports_every_variant_and_loses_no_event() -> None
                 assert f"c={c}, {label}: {figure}" in whats
         for label in ("unguarded server", "guarded, no sink", "guarded + SQLite sink"):
             assert f"c={c}, {label}: garbage collection per response" in whats
+            assert f"c={c}, {label}: kernel CPU per response" in whats
     collected = [r for r in rows if "garbage collection" in r.what]
     # Counted in the server (gc.callbacks), read over HTTP: a figure, never a negative one.
     assert all(r.value is not None and r.value >= 0 and "% of the server CPU" in r.note for r in collected)
+    kernel = [r for r in rows if "kernel CPU" in r.what]
+    # System time and context switches (getrusage in the server, every thread): counts, never negative.
+    assert all(
+        r.value is not None and r.value >= 0 and "context switches per response" in r.note for r in kernel
+    )
     lost = [r for r in rows if "not in the database" in r.what]
     # Every recording server is counted, the database= ones (the SQL response store) too.
     counted = {r.what.split(": ")[0] for r in lost}
