@@ -12,8 +12,14 @@ one response's cost, every thread of the process included (the SQLite writer's t
 Every time is stretched ``--scale`` times (the sink's ``flush_interval``), so valgrind's slowdown
 keeps the schedule of a quick response: one write transaction per response, as at concurrency 1.
 
+``--syscalls`` counts system calls instead, by name (``strace -f -c``, every thread): what a
+variant asks of the kernel per response (the WAL's writes, a thread's wake-up through a futex), the
+part of its CPU time an instruction count does not see. Counts, not times: strace's own slowdown
+changes how often the event loop waits, so ``epoll_wait`` moves a little; the rest repeat.
+
     python scripts/host_instructions.py                      # unguarded, guarded, sqlite; ~4 minutes
     python scripts/host_instructions.py --variant postgres   # unguarded and the PostgreSQL sink
+    python scripts/host_instructions.py --syscalls --variant guarded --variant sqlite --variant postgres
     PYTHONPATH=/other/checkout python scripts/host_instructions.py   # another commit's eventguard
 """
 
@@ -100,6 +106,37 @@ def _instructions(variant: str, n: int, scale: float, out: Path) -> int:
     return int(found.group(1))
 
 
+def _syscalls(variant: str, n: int, scale: float, out: Path) -> dict[str, int]:
+    """System calls by name that the whole process made to serve ``n`` responses from ``variant``."""
+    cmd = ["strace", "-f", "-c", "-o", str(out), sys.executable, __file__]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
+    args = ["--one", variant, str(n), "--scale", str(scale)]
+    done = subprocess.run([*cmd, *args], capture_output=True, text=True, check=False, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"{variant} {n} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    # strace -c's table: % time, seconds, usecs/call, calls, [errors], syscall.
+    row = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$")
+    found = (row.match(line) for line in out.read_text().splitlines())
+    return {m.group(2): int(m.group(1)) for m in found if m is not None and m.group(2) != "total"}
+
+
+def _print_syscalls(variants: list[str], counts: dict[tuple[str, int], dict[str, int]], n: int) -> None:
+    per = {
+        v: {k: (counts[v, 3 * n].get(k, 0) - counts[v, n].get(k, 0)) / (2 * n) for k in counts[v, 3 * n]}
+        for v in variants
+    }
+    names = sorted(
+        {k for p in per.values() for k in p}, key=lambda k: -max(abs(p.get(k, 0)) for p in per.values())
+    )
+    where = os.environ.get("PYTHONPATH") or "this checkout"
+    print(f"system calls per 28-event response, {2 * n} responses counted ({where}):")
+    print(f"  {'':14}" + "".join(f"{v:>11}" for v in variants))
+    for k in [k for k in names if max(abs(p.get(k, 0)) for p in per.values()) >= 0.5]:
+        print(f"  {k:14}" + "".join(f"{per[v].get(k, 0):11.1f}" for v in variants))
+    print(f"  {'all':14}" + "".join(f"{sum(per[v].values()):11.1f}" for v in variants))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--responses", type=int, default=20, help="N: runs of N and 3N responses (default 20)")
@@ -107,19 +144,31 @@ def main() -> int:
         "--variant", action="append", choices=VARIANTS, help="(repeatable) default: all but postgres"
     )
     ap.add_argument("--scale", type=float, default=50.0, help="stretch the sink's times (default 50)")
+    ap.add_argument("--syscalls", action="store_true", help="count system calls (strace) instead")
     ap.add_argument("--one", nargs=2, metavar=("VARIANT", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         asyncio.run(_serve_some(args.one[0], int(args.one[1]), args.scale))
         return 0
-    if shutil.which("valgrind") is None:
-        print("valgrind is not on PATH", file=sys.stderr)
+    tool = "strace" if args.syscalls else "valgrind"
+    if shutil.which(tool) is None:
+        print(f"{tool} is not on PATH", file=sys.stderr)
         return 2
     variants = args.variant or ["unguarded", "guarded", "sqlite"]
     if "unguarded" not in variants:
         variants.insert(0, "unguarded")
     n = args.responses
     runs = [(v, k) for v in variants for k in (n, 3 * n)]
+    if args.syscalls:
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool,
+        ):
+            calls = pool.map(
+                lambda r: _syscalls(r[0], r[1], args.scale, Path(tmp) / f"{r[0]}-{r[1]}.txt"), runs
+            )
+            _print_syscalls(variants, dict(zip(runs, calls, strict=True)), n)
+        return 0
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         counts = dict(
             zip(
