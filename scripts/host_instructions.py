@@ -20,6 +20,7 @@ changes how often the event loop waits, so ``epoll_wait`` moves a little; the re
     python scripts/host_instructions.py                      # unguarded, guarded, sqlite; ~4 minutes
     python scripts/host_instructions.py --variant postgres   # unguarded and the PostgreSQL sink
     python scripts/host_instructions.py --syscalls --variant guarded --variant sqlite --variant postgres
+    python scripts/host_instructions.py --rusage --responses 300 # no tool: time, faults, blocks, threads
     PYTHONPATH=/other/checkout python scripts/host_instructions.py   # another commit's eventguard
 """
 
@@ -27,12 +28,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,8 +46,9 @@ VARIANTS = ("unguarded", "guarded", "sqlite", "postgres")
 PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
 
-async def _serve_some(variant: str, n: int, scale: float) -> None:
-    """``n`` streaming responses from ``variant``'s server, one after another, in this process."""
+async def _serve_some(variant: str, n: int, scale: float, rusage: bool = False) -> None:
+    """``n`` streaming responses from ``variant``'s server, one after another, in this process.
+    ``rusage``: after ten untimed ones, print what the ``n`` cost the process (:func:`_usage`)."""
     import httpx
 
     from benchmarks._common import PG_URL
@@ -76,12 +81,22 @@ async def _serve_some(variant: str, n: int, scale: float) -> None:
             asyncio.timeout(600 * scale),
             httpx.AsyncClient(transport=httpx.ASGITransport(app=server), base_url="http://host") as client,
         ):
-            for _ in range(n):
-                async with client.stream("POST", "/responses", json=body) as response:
-                    async for _ in response.aiter_lines():
-                        pass
-            if sink is not None:
-                await sink.flush()
+
+            async def serve(k: int) -> None:
+                for _ in range(k):
+                    async with client.stream("POST", "/responses", json=body) as response:
+                        async for _ in response.aiter_lines():
+                            pass
+                if sink is not None:
+                    await sink.flush()
+
+            if not rusage:
+                await serve(n)
+            else:
+                await serve(10)  # connections, caches and the schema: first-use costs, not measured
+                before = _usage()
+                await serve(n)
+                _print_usage(variant, n, before, _usage())
     finally:
         if sink is not None:
             await sink.aclose()
@@ -90,6 +105,44 @@ async def _serve_some(variant: str, n: int, scale: float) -> None:
             await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
             await conn.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _usage() -> tuple[resource.struct_rusage, dict[str, tuple[int, int]]]:
+    """The process's resource usage (every thread) and each live thread's context switches
+    (voluntary, involuntary), from ``/proc``."""
+    threads: dict[str, tuple[int, int]] = {}
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended in between
+            fields = dict(
+                line.split(":\t", 1) for line in (task / "status").read_text().splitlines() if ":\t" in line
+            )
+            threads[task.name] = (
+                int(fields["voluntary_ctxt_switches"]),
+                int(fields["nonvoluntary_ctxt_switches"]),
+            )
+    return resource.getrusage(resource.RUSAGE_SELF), threads
+
+
+def _print_usage(
+    variant: str,
+    n: int,
+    before: tuple[resource.struct_rusage, dict[str, tuple[int, int]]],
+    after: tuple[resource.struct_rusage, dict[str, tuple[int, int]]],
+) -> None:
+    (r0, t0), (r1, t1) = before, after
+    print(
+        f"{variant}: per response, user {(r1.ru_utime - r0.ru_utime) / n * 1e3:.2f} ms, kernel "
+        f"{(r1.ru_stime - r0.ru_stime) / n * 1e3:.2f} ms, "
+        f"minor page faults {(r1.ru_minflt - r0.ru_minflt) / n:.1f}, "
+        f"512-byte blocks written {(r1.ru_oublock - r0.ru_oublock) / n:.1f}; context switches by thread "
+        "(voluntary + involuntary; the event loop's thread first):"
+    )
+    main = str(threading.get_native_id())
+    for tid in sorted(t1, key=lambda t: (t != main, t)):
+        v0, i0 = t0.get(tid, (0, 0))
+        v1, i1 = t1[tid]
+        if (v1 - v0) + (i1 - i0):
+            print(f"  thread {tid}: {(v1 - v0) / n:.2f} + {(i1 - i0) / n:.2f}")
 
 
 def _instructions(variant: str, n: int, scale: float, out: Path) -> int:
@@ -145,10 +198,23 @@ def main() -> int:
     )
     ap.add_argument("--scale", type=float, default=50.0, help="stretch the sink's times (default 50)")
     ap.add_argument("--syscalls", action="store_true", help="count system calls (strace) instead")
+    ap.add_argument(
+        "--rusage",
+        action="store_true",
+        help="no tool: time, page faults, blocks written and each thread's context switches per response",
+    )
     ap.add_argument("--one", nargs=2, metavar=("VARIANT", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        asyncio.run(_serve_some(args.one[0], int(args.one[1]), args.scale))
+        asyncio.run(_serve_some(args.one[0], int(args.one[1]), args.scale, args.rusage))
+        return 0
+    if args.rusage:
+        # One process per variant, one after another (a thread's figures are its process's).
+        env = {**os.environ}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
+        for v in args.variant or ["unguarded", "guarded", "sqlite"]:
+            one = ["--one", v, str(args.responses), "--scale", "1", "--rusage"]
+            subprocess.run([sys.executable, __file__, *one], check=True, env=env)
         return 0
     tool = "strace" if args.syscalls else "valgrind"
     if shutil.which(tool) is None:
