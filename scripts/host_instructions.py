@@ -38,12 +38,15 @@ import sys
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("unguarded", "guarded", "sqlite", "postgres")
 PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+T = TypeVar("T")
 
 
 async def _serve_some(variant: str, n: int, scale: float, rusage: bool = False) -> None:
@@ -145,33 +148,47 @@ def _print_usage(
             print(f"  thread {tid}: {(v1 - v0) / n:.2f} + {(i1 - i0) / n:.2f}")
 
 
-def _instructions(variant: str, n: int, scale: float, out: Path) -> int:
-    """Instructions the whole process ran to serve ``n`` responses from ``variant``."""
-    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__]
-    # The same dict layouts in every run (counts repeat); this checkout's benchmarks package.
+def _serve_in_child(
+    tool: list[str], variant: str, n: int, scale: float, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """``python this-script --one variant n`` under ``tool`` (a command prefix, or none), with this
+    checkout's benchmarks package and the same dict layouts in every run (counts repeat)."""
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
-    args = ["--one", variant, str(n), "--scale", str(scale)]
-    done = subprocess.run([*cmd, *args], capture_output=True, text=True, check=False, env=env)
+    args = ["--one", variant, str(n), "--scale", str(scale), *extra]
+    done = subprocess.run(
+        [*tool, sys.executable, __file__, *args], capture_output=bool(tool), text=True, check=False, env=env
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{variant} {n} failed (exit {done.returncode}):\n{(done.stderr or '')[-2000:]}")
+    return done
+
+
+def _instructions(variant: str, n: int, scale: float, out: Path) -> int:
+    """Instructions the whole process ran to serve ``n`` responses from ``variant``."""
+    done = _serve_in_child(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"], variant, n, scale)
     found = re.search(r"Collected : (\d+)", done.stderr)
-    if done.returncode != 0 or found is None:
-        raise RuntimeError(f"{variant} {n} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    if found is None:
+        raise RuntimeError(f"{variant} {n}: callgrind printed no count:\n{done.stderr[-2000:]}")
     return int(found.group(1))
 
 
 def _syscalls(variant: str, n: int, scale: float, out: Path) -> dict[str, int]:
     """System calls by name that the whole process made to serve ``n`` responses from ``variant``."""
-    cmd = ["strace", "-f", "-c", "-o", str(out), sys.executable, __file__]
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
-    args = ["--one", variant, str(n), "--scale", str(scale)]
-    done = subprocess.run([*cmd, *args], capture_output=True, text=True, check=False, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"{variant} {n} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    _serve_in_child(["strace", "-f", "-c", "-o", str(out)], variant, n, scale)
     # strace -c's table: % time, seconds, usecs/call, calls, [errors], syscall.
     row = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$")
     found = (row.match(line) for line in out.read_text().splitlines())
     return {m.group(2): int(m.group(1)) for m in found if m is not None and m.group(2) != "total"}
+
+
+def _each_run(
+    runs: list[tuple[str, int]], measure: Callable[[str, int, Path], T]
+) -> dict[tuple[str, int], T]:
+    """``measure(variant, n, a file of its own)`` for every run, as many at once as there are cores."""
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        found = pool.map(lambda r: measure(r[0], r[1], Path(tmp) / f"{r[0]}-{r[1]}.out"), runs)
+        return dict(zip(runs, found, strict=True))
 
 
 def _print_syscalls(variants: list[str], counts: dict[tuple[str, int], dict[str, int]], n: int) -> None:
@@ -210,11 +227,8 @@ def main() -> int:
         return 0
     if args.rusage:
         # One process per variant, one after another (a thread's figures are its process's).
-        env = {**os.environ}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
         for v in args.variant or ["unguarded", "guarded", "sqlite"]:
-            one = ["--one", v, str(args.responses), "--scale", "1", "--rusage"]
-            subprocess.run([sys.executable, __file__, *one], check=True, env=env)
+            _serve_in_child([], v, args.responses, 1.0, "--rusage")
         return 0
     tool = "strace" if args.syscalls else "valgrind"
     if shutil.which(tool) is None:
@@ -226,25 +240,9 @@ def main() -> int:
     n = args.responses
     runs = [(v, k) for v in variants for k in (n, 3 * n)]
     if args.syscalls:
-        with (
-            tempfile.TemporaryDirectory() as tmp,
-            ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool,
-        ):
-            calls = pool.map(
-                lambda r: _syscalls(r[0], r[1], args.scale, Path(tmp) / f"{r[0]}-{r[1]}.txt"), runs
-            )
-            _print_syscalls(variants, dict(zip(runs, calls, strict=True)), n)
+        _print_syscalls(variants, _each_run(runs, lambda v, k, out: _syscalls(v, k, args.scale, out)), n)
         return 0
-    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        counts = dict(
-            zip(
-                runs,
-                pool.map(
-                    lambda r: _instructions(r[0], r[1], args.scale, Path(tmp) / f"{r[0]}-{r[1]}.out"), runs
-                ),
-                strict=True,
-            )
-        )
+    counts = _each_run(runs, lambda v, k, out: _instructions(v, k, args.scale, out))
     per = {v: (counts[v, 3 * n] - counts[v, n]) / (2 * n) for v in variants}
     where = os.environ.get("PYTHONPATH") or "this checkout"
     print(f"instructions per 28-event response, {2 * n} responses counted ({where}):")
