@@ -11,6 +11,9 @@ one response's cost, every thread of the process included (the SQLite writer's t
 
 Every time is stretched ``--scale`` times (the sink's ``flush_interval``), so valgrind's slowdown
 keeps the schedule of a quick response: one write transaction per response, as at concurrency 1.
+``sqlite-store`` is the server with ``database=`` on SQLite (its sink, the SQL response store and
+agent sessions, the host's state folder unused), served inside the app's lifespan; the sink that
+``database=`` builds keeps its own times, so under valgrind its transactions per response may differ.
 
 ``--syscalls`` counts system calls instead, by name (``strace -f -c``, every thread): what a
 variant asks of the kernel per response (the WAL's writes, a thread's wake-up through a futex), the
@@ -21,6 +24,7 @@ changes how often the event loop waits, so ``epoll_wait`` moves a little; the re
     python scripts/host_instructions.py --variant postgres   # unguarded and the PostgreSQL sink
     python scripts/host_instructions.py --syscalls --variant guarded --variant sqlite --variant postgres
     python scripts/host_instructions.py --rusage --responses 300 # no tool: time, faults, blocks, threads
+    python scripts/host_instructions.py --rusage --variant sqlite --variant sqlite-store  # + database=
     PYTHONPATH=/other/checkout python scripts/host_instructions.py   # another commit's eventguard
 """
 
@@ -44,7 +48,7 @@ from pathlib import Path
 from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("unguarded", "guarded", "sqlite", "postgres")
+VARIANTS = ("unguarded", "guarded", "sqlite", "postgres", "sqlite-store")
 PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 T = TypeVar("T")
 
@@ -77,11 +81,22 @@ async def _serve_some(variant: str, n: int, scale: float, rusage: bool = False) 
         sink = SqlSink(PG_URL, schema=schema, spool_path=tmp / "spool.jsonl", flush_interval=every)
     if sink is not None:
         await sink.start()
-    server = build_server(argparse.Namespace(variant=variant, pg_schema=schema), sink)
+    server = build_server(
+        argparse.Namespace(
+            variant=variant, pg_schema=schema, sqlite=tmp / "eg.db", spool=tmp / "spool.jsonl"
+        ),
+        sink,
+    )
+    # database= opens what it builds (its sink, the SQL response store) in the app's lifespan;
+    # the other servers are served without one, as they always were here.
+    lifespan = (
+        server.router.lifespan_context(server) if variant.endswith("-store") else contextlib.nullcontext()
+    )
     body = {"model": "m", "input": "hi", "stream": True}
     try:
         async with (
             asyncio.timeout(600 * scale),
+            lifespan,
             httpx.AsyncClient(transport=httpx.ASGITransport(app=server), base_url="http://host") as client,
         ):
 
@@ -141,11 +156,12 @@ def _print_usage(
         "(voluntary + involuntary; the event loop's thread first):"
     )
     main = str(threading.get_native_id())
+    names = {str(t.native_id): t.name for t in threading.enumerate()}
     for tid in sorted(t1, key=lambda t: (t != main, t)):
         v0, i0 = t0.get(tid, (0, 0))
         v1, i1 = t1[tid]
         if (v1 - v0) + (i1 - i0):
-            print(f"  thread {tid}: {(v1 - v0) / n:.2f} + {(i1 - i0) / n:.2f}")
+            print(f"  thread {tid} ({names.get(tid, 'ended')}): {(v1 - v0) / n:.2f} + {(i1 - i0) / n:.2f}")
 
 
 def _serve_in_child(
