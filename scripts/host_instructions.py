@@ -11,9 +11,9 @@ one response's cost, every thread of the process included (the SQLite writer's t
 
 Every time is stretched ``--scale`` times (the sink's ``flush_interval``), so valgrind's slowdown
 keeps the schedule of a quick response: one write transaction per response, as at concurrency 1.
-``sqlite-store`` is the server with ``database=`` on SQLite (its sink, the SQL response store and
-agent sessions, the host's state folder unused), served inside the app's lifespan; the sink that
-``database=`` builds keeps its own times, so under valgrind its transactions per response may differ.
+``sqlite-store`` is the server with ``database=`` on SQLite (the SQL response store and agent
+sessions, the host's state folder unused) and the SQLite sink on the same file, as the host
+benchmark builds it, served inside the app's lifespan.
 
 ``--syscalls`` counts system calls instead, by name (``strace -f -c``, every thread): what a
 variant asks of the kernel per response (the WAL's writes, a thread's wake-up through a futex), the
@@ -67,7 +67,9 @@ async def _serve_some(variant: str, n: int, scale: float, rusage: bool = False) 
     sink: SqlSink | None = None
     schema: str | None = None
     every = 0.05 * scale  # the sink's default flush_interval, stretched
-    if variant == "sqlite":
+    if variant in ("sqlite", "sqlite-store"):
+        # sqlite-store: the host benchmark's database= server also takes its sink on the same file
+        # (with sink=None, database= would build no sink at all).
         sink = SqlSink(
             f"sqlite+aiosqlite:///{tmp / 'eg.db'}", spool_path=tmp / "spool.jsonl", flush_interval=every
         )
