@@ -3,7 +3,9 @@
 Parts (all when none is named; ``--only NAME`` is the same, repeatable): overhead, sqlite, postgres,
 latency, scale, peer, host, memory, provider. Options: ``--quick`` (tiny sizes, a smoke test: the
 figures mean nothing), ``--reps N``, ``--out PATH``, ``--load N`` (N busy processes compete for
-the CPU while the parts run), ``--runs K`` (the parts K times; the table keeps each figure's worst run).
+the CPU while the parts run), ``--runs K`` (the parts K times; the table keeps each figure's
+worst run), ``--host-rounds N`` and ``--host-responses N`` (the host part's interleaved rounds, and
+its responses per round at concurrency 1; four times as many at 16).
 """
 
 from __future__ import annotations
@@ -48,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--host-rounds", type=int, default=None, help="interleaved rounds of the host part (default 8)"
     )
+    ap.add_argument(
+        "--host-responses",
+        type=int,
+        default=None,
+        help="responses per round of the host part at concurrency 1 (16: four times as many; default 40)",
+    )
     args = ap.parse_args(argv)
     unknown = sorted(set(args.parts) - set(MEASUREMENTS))
     if unknown:
@@ -59,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.host_rounds is not None:
         # A busy shared machine makes a round take minutes: fewer rounds, more runs.
         sizes = dataclasses.replace(sizes, host_rounds=max(1, args.host_rounds))
+    if args.host_responses is not None:
+        # Longer rounds average more of the machine's noise into each per-round ratio.
+        n = max(1, args.host_responses)
+        sizes = dataclasses.replace(sizes, host_responses_c1=n, host_responses_c16=4 * n)
     names = [*args.parts, *(args.only or [])] or list(MEASUREMENTS)
     logs = quiet_eventguard_logs()
     runs: list[list[Row]] = []

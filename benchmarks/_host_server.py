@@ -3,7 +3,8 @@
 ``python -m benchmarks._host_server VARIANT [--sqlite PATH | --pg-schema NAME] --spool PATH`` serves a
 real ``ResponsesHostServer`` (the host's own handler over a model-free chat agent) through uvicorn on
 ``127.0.0.1`` and a free port, prints one JSON line ``{"url": ..., "pid": ...}`` once it serves, and
-runs until its stdin closes (or SIGTERM). Variants: ``unguarded`` (the host as shipped), ``guarded``
+runs until its stdin closes (or SIGTERM). Variants: ``unguarded`` (the host as shipped),
+``unguarded-twin`` (a second server of the same code: the benchmark's own resolution), ``guarded``
 (``GuardedResponses``, no sink), ``sqlite`` and ``postgres`` (``GuardedResponses`` + ``SqlSink``), and
 ``sqlite-store`` and ``postgres-store``: the same sink and ``database=`` on the same database, so the
 host's response store and agent sessions are eventguard's SQL provider instead of its state folder
@@ -57,7 +58,7 @@ from eventguard.testing import ScriptedChatClient, chat_agent
 from ._common import PG_URL
 from ._report import quiet_eventguard_logs
 
-VARIANTS = ("unguarded", "guarded", "sqlite", "postgres", "sqlite-store", "postgres-store")
+VARIANTS = ("unguarded", "unguarded-twin", "guarded", "sqlite", "postgres", "sqlite-store", "postgres-store")
 #: 20 text chunks make a 28-event SSE response (created, in_progress, the message's added/done
 #: events, 20 deltas, completed), the size the issue measured.
 CHUNKS = tuple(f"tok{i} " for i in range(20))
@@ -87,7 +88,7 @@ def build_sink(args: argparse.Namespace) -> SqlSink | None:
 def build_server(args: argparse.Namespace, sink: SqlSink | None) -> ResponsesHostServer:
     """The variant's host over a fresh scripted chat agent (no model, no network)."""
     agent, _probe = chat_agent(ScriptedChatClient(CHUNKS))
-    if args.variant == "unguarded":
+    if args.variant.startswith("unguarded"):
         return ResponsesHostServer(agent, configure_observability=None)
     if args.variant.endswith("-store"):
         # The sink is passed too, only so that its spool is this server's folder (with database=

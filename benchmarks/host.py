@@ -1,9 +1,10 @@
 """(7) End to end: what eventguard costs a real ``ResponsesHostServer`` serving real clients.
 
-Six servers, each in its own process (``benchmarks._host_server``), all up for the whole part: the
-host unguarded, guarded without a sink, guarded + SQLite sink, guarded + PostgreSQL sink, and the two
-sinks with ``database=`` (the host's response store and agent sessions in the same SQL database, its
-state folder unused: all of eventguard). They serve
+Seven servers, each in its own process (``benchmarks._host_server``), all up for the whole part: the
+host unguarded, a second unguarded server of the same code (the twin), guarded without a sink,
+guarded + SQLite sink, guarded + PostgreSQL sink, and the two sinks with ``database=`` (the host's
+response store and agent sessions in the same SQL database, its state folder unused: all of
+eventguard). They serve
 the host's own handler over a model-free chat agent (28 SSE events per response) through uvicorn on
 loopback. A separate client process (``benchmarks._host_client``, httpx) streams the responses at
 concurrency 1 and 16 and reads the server's CPU time (``psutil``).
@@ -15,6 +16,11 @@ through the server's ``/_bench/reset`` route and garbage collected. The SQL data
 emptied: the sinks' rows and the SQL store's responses pile up over the rounds, as in a server that
 runs for a while (each database is new when the part starts). Each figure is a ratio to the
 unguarded server in the same round; the table shows the median over the rounds, the note its spread.
+
+The twin is the benchmark's own resolution (an A/A comparison): it runs exactly what the unguarded
+server runs, so every distance of its ratios from 1.0x is the machine's noise, not a cost. Its rows
+carry the targets' directions, so ``--runs K`` keeps its worst run as it does for the targeted
+variants, but no target: a variant's ratio is told from noise only where it lies beyond the twin's.
 "Lost" is the events the clients received minus the events that reached the database. With the
 PostgreSQL sink, the CPU time of the database backends serving the server's connections is reported
 too (found in ``pg_stat_activity`` by the server's client ports): it is not in the server's own.
@@ -45,6 +51,7 @@ NAME = "host"
 ITEM = "7 host"
 LABEL = {
     "unguarded": "unguarded server",
+    "unguarded-twin": "a second unguarded server (A/A: the benchmark's resolution)",
     "guarded": "guarded, no sink",
     "sqlite": "guarded + SQLite sink",
     "postgres": "guarded + PostgreSQL sink",
@@ -53,6 +60,8 @@ LABEL = {
 }
 #: Variants held to the issue's targets (the guard alone and the database= servers are reported).
 TARGETED = ("sqlite", "postgres")
+#: The A/A variant: the targets' directions (its worst run is kept), no target.
+TWIN = "unguarded-twin"
 #: Variants whose events are counted against their database.
 RECORDING = ("sqlite", "postgres", "sqlite-store", "postgres-store")
 CONCURRENCY = (1, 16)
@@ -313,7 +322,7 @@ def rows_for(
                     unit,
                     "unguarded, same rounds",
                     median([b[key] for b in base]),
-                    direction if targeted else "",
+                    direction if targeted or v == TWIN else "",
                     target if targeted else None,
                     paired=median(ratios),
                     note=f"median of {rounds} per-round ratios; spread {spread(ratios)}",
@@ -354,7 +363,7 @@ def rows_for(
 
 async def run(sizes: Sizes) -> list[Row]:
     pg_why = await pg_unreachable()
-    variants = ["unguarded", "guarded", "sqlite", "sqlite-store"] + (
+    variants = ["unguarded", TWIN, "guarded", "sqlite", "sqlite-store"] + (
         [] if pg_why else ["postgres", "postgres-store"]
     )
     per_c = {1: sizes.host_responses_c1, 16: sizes.host_responses_c16}

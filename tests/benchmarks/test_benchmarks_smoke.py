@@ -26,3 +26,6 @@ def test_quick_run_writes_the_table(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert code in (0, 1)  # 1 only says a target was missed, at sizes too small to mean anything
     text = out.read_text()
     assert "## Machine" in text and "| 1 overhead |" in text and "| 2 SQLite |" in text
+    # The A/A row (a second bare layer against the first) is reported with no verdict.
+    twin = next(line for line in text.splitlines() if "A/A" in line)
+    assert twin.endswith("| - | reported |"), twin

@@ -33,6 +33,14 @@ async def test_quick_host_run_reports_every_variant_and_loses_no_event() -> None
         for label in ("unguarded server", "guarded, no sink", "guarded + SQLite sink"):
             assert f"c={c}, {label}: garbage collection per response" in whats
             assert f"c={c}, {label}: kernel CPU per response" in whats
+    twin = [r for r in rows if "A/A" in r.what]
+    # The twin (a second unguarded server) is the benchmark's resolution: reported, never judged,
+    # its runs ranked as the targeted figures' are.
+    for c in (1, 16):
+        for figure in ("responses/s", "server CPU per response", "p99 per response"):
+            assert f"c={c}, a second unguarded server (A/A: the benchmark's resolution): {figure}" in whats
+    assert twin and all(r.target is None and r.ok is None for r in twin)
+    assert {r.direction for r in twin if "responses/s" in r.what} == {">="}
     collected = [r for r in rows if "garbage collection" in r.what]
     # Counted in the server (gc.callbacks), read over HTTP: a figure, never a negative one.
     assert all(r.value is not None and r.value >= 0 and "% of the server CPU" in r.note for r in collected)
