@@ -17,13 +17,14 @@ emptied: the sinks' rows and the SQL store's responses pile up over the rounds, 
 runs for a while (each database is new when the part starts). Each figure is a ratio to the
 unguarded server in the same round; the table shows the median over the rounds, the note its spread.
 
+"Lost" is the events the clients received minus the events that reached the database. With the
+PostgreSQL sink, the CPU time of the database backends serving the server's connections is reported
+too (found in ``pg_stat_activity`` by the server's client ports): it is not in the server's own.
+
 The twin is the benchmark's own resolution (an A/A comparison): it runs exactly what the unguarded
 server runs, so every distance of its ratios from 1.0x is the machine's noise, not a cost. Its rows
 carry the targets' directions, so ``--runs K`` keeps its worst run as it does for the targeted
 variants, but no target: a variant's ratio is told from noise only where it lies beyond the twin's.
-"Lost" is the events the clients received minus the events that reached the database. With the
-PostgreSQL sink, the CPU time of the database backends serving the server's connections is reported
-too (found in ``pg_stat_activity`` by the server's client ports): it is not in the server's own.
 """
 
 from __future__ import annotations
