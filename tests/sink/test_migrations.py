@@ -29,7 +29,8 @@ def test_state_strings_mirror_the_lifecycle() -> None:
 
 def test_the_migrations_and_their_head_are_found() -> None:
     assert (mig.migrations_dir() / "env.py").is_file()
-    assert mig.expected_heads() == ("0007",)  # 0006 (a lease says background), then 0007 (agent sessions)
+    # 0006 (a lease says background), 0007 (agent sessions), then 0008 (events lose the type index)
+    assert mig.expected_heads() == ("0008",)
 
 
 async def test_upgrade_downgrade_and_check(target: Target) -> None:
@@ -47,6 +48,26 @@ async def test_upgrade_downgrade_and_check(target: Target) -> None:
             left = await conn.run_sync(lambda c: inspect(c).get_table_names())
         assert not [t for t in left if t.startswith("eventguard_") and t != VERSION_TABLE]
         await sink.migrate()
+        await sink.aclose()
+
+
+async def test_events_carry_no_type_index_from_0008_and_get_it_back_below(target: Target) -> None:
+    # Every event row paid for that index on every write, and no query filters by type (0008).
+    sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool, auto_migrate=False)
+
+    def indexed_columns(conn: Connection) -> list[list[str | None]]:
+        indexes = inspect(conn).get_indexes("eventguard_events", schema=target.schema)
+        return [ix["column_names"] for ix in indexes]
+
+    async with asyncio.timeout(60):
+        await sink.migrate()
+        async with sink.engine.connect() as conn:
+            assert ["type"] not in await conn.run_sync(indexed_columns)
+        await sink.downgrade("0007")
+        async with sink.engine.connect() as conn:
+            assert ["type"] in await conn.run_sync(indexed_columns)
+        await sink.migrate()
+        await mig.check(sink.engine)
         await sink.aclose()
 
 
