@@ -24,10 +24,10 @@ and the response waiting for it, took 6-8 ms instead of 0.2 (one in every 30 to 
 of a real host, its p99). Here the thread's connection checkpoints by itself: once its transactions
 have changed :data:`CHECKPOINT_ROWS` rows since the last one, it runs ``PRAGMA
 wal_checkpoint(PASSIVE)`` after the caller has its answer, before it takes the next job (or with
-one waiting, once twice as many rows are due). SQLite's own checkpoint stays as the bound, further
-out (:data:`AUTOCHECKPOINT_PAGES`): past it a commit checkpoints itself, as before (a single huge
-transaction). Other connections to the file (the engine's reads and migrations, another process)
-keep SQLite's default, so the log stays bounded without this thread too.
+one waiting, once twice as many rows are due). That keeps the log well under SQLite's own
+``wal_autocheckpoint`` (1,000 pages, left as it is on every connection), so a commit seldom reaches
+it; past it a commit still checkpoints itself, as before: the log stays as bounded as SQLite keeps
+it (a few huge rows, readers that hold the log back), and without this thread too.
 
 **Back-pressure.** The writer submits one transaction at a time (it holds its lock around each
 write), so at most one job waits in the queue per event loop; what the streams buffer meanwhile
@@ -52,17 +52,14 @@ from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
-__all__ = ["AUTOCHECKPOINT_PAGES", "CHECKPOINT_ROWS", "SqliteConnection", "SqliteThread", "drive"]
+__all__ = ["CHECKPOINT_ROWS", "SqliteConnection", "SqliteThread", "drive"]
 
 T = TypeVar("T")
 
 #: Rows changed (inserted, updated, deleted) by the thread's transactions that make a checkpoint
 #: due: about sixteen short responses (a 28-event response changes about 31 rows and writes about
-#: 20 pages to the log), well inside SQLite's default of 1,000 pages.
+#: 20 pages to the log), well inside SQLite's own ``wal_autocheckpoint`` of 1,000 pages.
 CHECKPOINT_ROWS = 500
-#: The thread's connection's ``wal_autocheckpoint``: SQLite's own bound on the log, in pages, for
-#: what the row count does not see (a few huge rows); far past where the thread checkpoints.
-AUTOCHECKPOINT_PAGES = 4000
 
 _CHECKPOINT = "PRAGMA wal_checkpoint(PASSIVE)"
 
@@ -235,9 +232,6 @@ class SqliteThread:
             raw.execute("PRAGMA journal_mode = WAL")
             raw.execute("PRAGMA foreign_keys = ON")
             raw.execute("PRAGMA synchronous = NORMAL")
-            # Checkpoints are the thread's own, after each answer (_checkpoint_if_due); SQLite's
-            # inside a commit only past this far bound.
-            raw.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT_PAGES}")
         except sqlite3.Error as exc:
             raw.close()
             raise DBAPIError.instance("PRAGMA", None, exc, sqlite3.Error) from exc
