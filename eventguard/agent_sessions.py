@@ -18,13 +18,13 @@ host's ``RuntimeError("Another request advanced this agent session; reload befor
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from agent_framework import AgentSession, SessionStore
 from agent_framework_foundry_hosting._state_store import StoreProvider
 from sqlalchemy import delete, select, update
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from eventguard.envelopes import ANONYMOUS, ProviderStorageError, dump, encode_id, key, load
 from eventguard.errors import UnstorableError
@@ -99,7 +99,8 @@ class SqlAgentSessionStore(SessionStore):
             "value": value,
             "updated_at": now,
         }
-        async with self._transactions.open("write") as conn:
+
+        async def write(conn: AsyncConnection) -> int | None:
             if version is not None:
                 done = await conn.execute(
                     update(_t)
@@ -107,17 +108,19 @@ class SqlAgentSessionStore(SessionStore):
                     .values(value=value, updated_at=now, version=version + 1)
                     .returning(_t.c.version)
                 )
-                written = done.scalar_one_or_none()
+                return cast("int | None", done.scalar_one_or_none())
+            insert = self._transactions.insert(_t).values(**row, version=1)
+            if read:
+                statement = insert.on_conflict_do_nothing(index_elements=["partition", "session_key"])
             else:
-                insert = self._transactions.insert(_t).values(**row, version=1)
-                if read:
-                    statement = insert.on_conflict_do_nothing(index_elements=["partition", "session_key"])
-                else:
-                    statement = insert.on_conflict_do_update(
-                        index_elements=["partition", "session_key"],
-                        set_={"value": value, "updated_at": now, "version": _t.c.version + 1},
-                    )
-                written = (await conn.execute(statement.returning(_t.c.version))).scalar_one_or_none()
+                statement = insert.on_conflict_do_update(
+                    index_elements=["partition", "session_key"],
+                    set_={"value": value, "updated_at": now, "version": _t.c.version + 1},
+                )
+            done = await conn.execute(statement.returning(_t.c.version))
+            return cast("int | None", done.scalar_one_or_none())
+
+        written = await self._transactions.write(write)
         if written is None:
             raise RuntimeError(CONFLICT)
         self._versions[session_id] = int(written)
@@ -125,8 +128,11 @@ class SqlAgentSessionStore(SessionStore):
     async def delete(self, session_id: str) -> None:
         """Delete the stored session, if there is one."""
         where = self._where(self._row_key(session_id))
-        async with self._transactions.open("write") as conn:
+
+        async def write(conn: AsyncConnection) -> None:
             await conn.execute(delete(_t).where(where))
+
+        await self._transactions.write(write)
         self._versions.pop(session_id, None)
 
 

@@ -318,7 +318,11 @@ class SqlResponseProvider:
         #: every failure a :class:`ProviderStorageError`) and its dialect's INSERT: what the
         #: provider and :class:`~eventguard.SqlAgentSessionStoreProvider` write through.
         self.transactions = Transactions(
-            lambda: self.engine, self.url, prepare=self._ready_on_this_loop, errors=self._storage_errors
+            lambda: self.engine,
+            self.url,
+            prepare=self._ready_on_this_loop,
+            errors=self._storage_errors,
+            writes=self._write,
         )
         #: SQLite file: every write transaction is one hand-off to a stdlib ``sqlite3`` thread (see
         #: :meth:`_write`). Not for a subclass that fences its writes: its hooks run on the event

@@ -12,9 +12,9 @@ so they share its engine, its schema check and its errors without reaching into 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy import Table
 from sqlalchemy.dialects import postgresql as pg_dialect
@@ -24,10 +24,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from eventguard.sql import engine as _db
 
-__all__ = ["Mode", "OnConflictInsert", "Transactions", "dialect_insert"]
+__all__ = ["Mode", "OnConflictInsert", "Transactions", "WriteBody", "dialect_insert"]
+
+T = TypeVar("T")
 
 #: What a transaction is for: one snapshot to read, or the write lock up front.
 Mode = Literal["read", "write"]
+#: A write transaction's statements: awaited with the open connection, its result the write's.
+WriteBody = Callable[[AsyncConnection], Coroutine[Any, Any, T]]
 #: An INSERT that can say what to do on a conflict (``on_conflict_do_nothing``/``_do_update``).
 OnConflictInsert = sqlite_dialect.Insert | pg_dialect.Insert
 
@@ -60,6 +64,8 @@ class Transactions:
             check on first use).
         errors: wraps each whole transaction, ``prepare`` included (the owner's translation of a
             database's failure into its own error).
+        writes: how the owner runs one write transaction (:meth:`write`), when it has a way of its
+            own: the response store hands an SQLite file's whole transaction to its writer thread.
     """
 
     def __init__(
@@ -69,8 +75,10 @@ class Transactions:
         *,
         prepare: Callable[[], Awaitable[None]] = _nothing,
         errors: Callable[[], AbstractAsyncContextManager[None]] = _unchanged,
+        writes: Callable[[WriteBody[Any]], Awaitable[Any]] | None = None,
     ) -> None:
         self._engine = engine
+        self._writes = writes
         self._prepare = prepare
         self._errors = errors
         self._read_options: dict[str, Any] = (
@@ -94,3 +102,16 @@ class Transactions:
                     await conn.execution_options(**self._read_options)
                 async with conn.begin():
                     yield conn
+
+    async def write(self, body: WriteBody[T]) -> T:
+        """``body(conn)`` in one write transaction, committed when this returns (rolled back when it
+        raises): the owner's way when it has one (``writes``), else :meth:`open` ``("write")``.
+
+        On an SQLite file the owner's way holds the write lock only while its thread runs the
+        statements; through the engine each statement is a turn of the event loop, and a busy loop
+        kept every other writer of the file waiting (issue 13).
+        """
+        if self._writes is not None:
+            return await self._writes(body)  # type: ignore[no-any-return]
+        async with self.open("write") as conn:
+            return await body(conn)
