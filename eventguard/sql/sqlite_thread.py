@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import queue
 import sqlite3
 import threading
@@ -62,6 +63,26 @@ T = TypeVar("T")
 CHECKPOINT_ROWS = 500
 
 _CHECKPOINT = "PRAGMA wal_checkpoint(PASSIVE)"
+
+#: One lock per database file for this process's writer threads (see :func:`_file_lock`).
+_FILE_LOCKS: dict[str, threading.Lock] = {}
+_FILE_LOCKS_LOCK = threading.Lock()
+
+
+def _file_lock(path: Path) -> threading.Lock:
+    """The lock every writer thread of this process takes around a write transaction on ``path``.
+
+    SQLite's own write lock is not a queue: a ``BEGIN IMMEDIATE`` that finds it taken sleeps (1, 2,
+    5, 10 ... 100 ms, SQLite's busy handler) and looks again, while a writer that runs transactions
+    back to back takes it again at once. The sink's thread and the response store's on one file
+    (``database=``) left each other waiting 80-200 ms at the p99 under 16 concurrent responses.
+    Waiting here instead wakes the next writer as soon as the lock is let go; other processes
+    still meet SQLite's lock and its ``busy_timeout``.
+    """
+    where = os.path.realpath(path)
+    with _FILE_LOCKS_LOCK:
+        return _FILE_LOCKS.setdefault(where, threading.Lock())
+
 
 #: What the thread's queue holds: a job and where its outcome goes, or None to stop.
 _Job = tuple[Callable[["SqliteConnection"], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
@@ -136,6 +157,8 @@ class SqliteThread:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        #: Taken around each write transaction, with every other writer thread on the same file.
+        self._writing = _file_lock(path)
         self._conn: SqliteConnection | None = None
         #: The connection's ``total_changes`` at its last checkpoint (or when it opened).
         self._changes_at_checkpoint = 0
@@ -145,7 +168,7 @@ class SqliteThread:
     async def transaction(self, job: Callable[[SqliteConnection], T]) -> T:
         """``job(conn)`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the writer thread (rolled
         back if it raises, and its error raised here)."""
-        return await self.call(lambda conn: _in_transaction(conn, job))
+        return await self.call(lambda conn: _in_transaction(conn, job, self._writing))
 
     async def call(self, job: Callable[[SqliteConnection], T]) -> T:
         """``job(conn)`` on the writer thread, its result (or error) back here."""
@@ -261,18 +284,19 @@ class SqliteThread:
             conn.raw.close()
 
 
-def _in_transaction(conn: SqliteConnection, job: Callable[[SqliteConnection], T]) -> T:
-    conn.run("BEGIN IMMEDIATE", ())
-    try:
-        result = job(conn)
-        conn.run("COMMIT", ())
-    except BaseException:
-        with contextlib.suppress(sqlite3.Error, DBAPIError):
-            if conn.raw.in_transaction:
-                conn.raw.execute("ROLLBACK")
-        raise
-    finally:
-        conn.release()
+def _in_transaction(conn: SqliteConnection, job: Callable[[SqliteConnection], T], lock: threading.Lock) -> T:
+    with lock:
+        conn.run("BEGIN IMMEDIATE", ())
+        try:
+            result = job(conn)
+            conn.run("COMMIT", ())
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error, DBAPIError):
+                if conn.raw.in_transaction:
+                    conn.raw.execute("ROLLBACK")
+            raise
+        finally:
+            conn.release()
     return result
 
 
