@@ -70,7 +70,8 @@ _FILE_LOCKS_LOCK = threading.Lock()
 
 
 def _file_lock(path: Path) -> threading.Lock:
-    """The lock every writer thread of this process takes around a write transaction on ``path``.
+    """The lock every writer thread of this process takes around a write transaction on ``path``
+    (the file's real path, so that two spellings of one file share it).
 
     SQLite's own write lock is not a queue: a ``BEGIN IMMEDIATE`` that finds it taken sleeps (1, 2,
     5, 10 ... 100 ms, SQLite's busy handler) and looks again, while a writer that runs transactions
@@ -79,9 +80,20 @@ def _file_lock(path: Path) -> threading.Lock:
     Waiting here instead wakes the next writer as soon as the lock is let go; other processes
     still meet SQLite's lock and its ``busy_timeout``.
     """
-    where = os.path.realpath(path)
     with _FILE_LOCKS_LOCK:
-        return _FILE_LOCKS.setdefault(where, threading.Lock())
+        return _FILE_LOCKS.setdefault(os.fspath(path), threading.Lock())
+
+
+def _forget_file_locks() -> None:
+    # A child process made by fork() while a writer held a lock would wait for it for ever: the
+    # writer's thread is not in the child. Its writers start again with locks of their own.
+    global _FILE_LOCKS_LOCK
+    _FILE_LOCKS_LOCK = threading.Lock()
+    _FILE_LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork()
+    os.register_at_fork(after_in_child=_forget_file_locks)
 
 
 #: What the thread's queue holds: a job and where its outcome goes, or None to stop.
@@ -157,8 +169,8 @@ class SqliteThread:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        #: Taken around each write transaction, with every other writer thread on the same file.
-        self._writing = _file_lock(path)
+        #: The file as every writer thread of this process names it (see _file_lock).
+        self._file = Path(os.path.realpath(path))
         self._conn: SqliteConnection | None = None
         #: The connection's ``total_changes`` at its last checkpoint (or when it opened).
         self._changes_at_checkpoint = 0
@@ -168,7 +180,7 @@ class SqliteThread:
     async def transaction(self, job: Callable[[SqliteConnection], T]) -> T:
         """``job(conn)`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the writer thread (rolled
         back if it raises, and its error raised here)."""
-        return await self.call(lambda conn: _in_transaction(conn, job, self._writing))
+        return await self.call(lambda conn: _in_transaction(conn, job, _file_lock(self._file)))
 
     async def call(self, job: Callable[[SqliteConnection], T]) -> T:
         """``job(conn)`` on the writer thread, its result (or error) back here."""

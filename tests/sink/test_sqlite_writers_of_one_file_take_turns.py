@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
+import os
+import sys
 import threading
 from pathlib import Path
 
+import pytest
+
+from eventguard.sql import sqlite_thread
 from eventguard.sql.sqlite_thread import SqliteConnection, SqliteThread
 
 
@@ -81,3 +87,31 @@ async def test_writers_of_different_files_do_not_wait_for_each_other(tmp_path: P
         async with asyncio.timeout(10):
             await first.close()
             await other.close()
+
+
+def _write_once(path: str) -> None:
+    async def write() -> None:
+        thread = SqliteThread(
+            Path(path), busy_timeout_ms=1000, json_serializer=json.dumps, json_deserializer=json.loads
+        )
+        try:
+            async with asyncio.timeout(10):
+                await thread.transaction(_create)
+        finally:
+            await thread.close()
+
+    asyncio.run(write())
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no fork() on Windows")
+def test_a_child_forked_while_a_writer_held_the_files_lock_writes_all_the_same(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    held = sqlite_thread._file_lock(Path(os.path.realpath(path)))
+    with held:  # as a writer thread of this process would, mid-transaction, at the fork
+        child = multiprocessing.get_context("fork").Process(target=_write_once, args=(str(path),))
+        child.start()
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    assert child.exitcode == 0  # it did not wait for a lock whose holder is not in the child
