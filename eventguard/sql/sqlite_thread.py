@@ -69,7 +69,7 @@ _FILE_LOCKS: dict[str, threading.Lock] = {}
 _FILE_LOCKS_LOCK = threading.Lock()
 
 
-def _file_lock(path: Path) -> threading.Lock:
+def _file_lock(path: str) -> threading.Lock:
     """The lock every writer thread of this process takes around a write transaction on ``path``
     (the file's real path, so that two spellings of one file share it).
 
@@ -81,7 +81,7 @@ def _file_lock(path: Path) -> threading.Lock:
     still meet SQLite's lock and its ``busy_timeout``.
     """
     with _FILE_LOCKS_LOCK:
-        return _FILE_LOCKS.setdefault(os.fspath(path), threading.Lock())
+        return _FILE_LOCKS.setdefault(path, threading.Lock())
 
 
 def _forget_file_locks() -> None:
@@ -170,7 +170,7 @@ class SqliteThread:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         #: The file as every writer thread of this process names it (see _file_lock).
-        self._file = Path(os.path.realpath(path))
+        self._file = os.path.realpath(path)
         self._conn: SqliteConnection | None = None
         #: The connection's ``total_changes`` at its last checkpoint (or when it opened).
         self._changes_at_checkpoint = 0

@@ -106,7 +106,7 @@ def _write_once(path: str) -> None:
 @pytest.mark.skipif(sys.platform == "win32", reason="no fork() on Windows")
 def test_a_child_forked_while_a_writer_held_the_files_lock_writes_all_the_same(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
-    held = sqlite_thread._file_lock(Path(os.path.realpath(path)))
+    held = sqlite_thread._file_lock(os.path.realpath(path))
     with held:  # as a writer thread of this process would, mid-transaction, at the fork
         child = multiprocessing.get_context("fork").Process(target=_write_once, args=(str(path),))
         child.start()
