@@ -188,9 +188,10 @@ class _SaysItIsGeneratorExit(Exception, metaclass=ClaimsEveryClass):
     """An error whose class claims to equal every class, ``GeneratorExit`` included."""
 
 
+@pytest.mark.parametrize("taken", [1, 4], ids=["at-a-lifecycle-event", "at-a-hot-delta"])
 @pytest.mark.parametrize("error", [ValueError, _SaysItIsGeneratorExit])
 async def test_an_exception_thrown_in_at_a_hand_over_ends_the_stream_by_that_exception(
-    error: type[Exception],
+    error: type[Exception], taken: int
 ) -> None:
     """An exception a consumer throws into the guard's iterator (``athrow``, as a combinator may) is not
     the inner stream's ending and not a close: it goes through untouched, and the stream ends by it when
@@ -199,14 +200,18 @@ async def test_an_exception_thrown_in_at_a_hand_over_ends_the_stream_by_that_exc
     Origin: a mutant that survived the run over guard/core.py (docs/mutation.md): ``exc.__class__ is
     GeneratorExit and ...`` becoming ``or`` recorded ``closed_early`` at the throw; the 2026-12-02 run
     over core.py: ``exc.__class__ is GeneratorExit`` becoming ``==`` took an error whose class claims to
-    equal ``GeneratorExit`` for a close."""
+    equal ``GeneratorExit`` for a close. At a hot delta (the fourth event, its type already seen) the
+    throw lands inside the hot path's lookup ``try``, whose ``except Exception`` must let it through
+    (2026-12-06: with that clause's ``if phase: raise`` gone, the error was taken for an unreadable
+    event and the delta went through the slow path and was handed over again)."""
     inner = Scripted(stream_events(3))
     g = guard(inner, asyncio.Event())
     async with asyncio.timeout(5):
         with pytest.raises(error, match="thrown in"):
             async with g:
                 it = aiter(g)
-                await anext(it)
+                for _ in range(taken):
+                    await anext(it)
                 await it.athrow(error("thrown in"))
     assert (g.lifecycle.state, g.lifecycle.cause) == (State.FAILED, Cause.ERROR)
     assert inner.closes == 1

@@ -72,6 +72,33 @@ async def test_the_slow_path_runs_once_per_output_type_then_the_hot_path_takes_o
     ]
 
 
+async def test_event_objects_of_a_type_already_forwarded_take_the_hot_path_numbered_and_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An event object (an SDK's typed event) has its type as an attribute, not a key: the hot loop's
+    lookup fails on it, and the object is forwarded from its own lane after that lookup, as a dict of
+    that type is: without the slow path, numbered in order, handed to the recorder.
+
+    Origin: the 2026-12-06 rewrite of the hot loop; with that lane gone every such object took the slow
+    path, and with its recorder call gone the sink missed them."""
+    seen: list[Any] = []
+    slow = Referee.event
+
+    def counting(self: Referee, e: Any) -> Any:
+        seen.append(e)
+        return slow(self, e)
+
+    monkeypatch.setattr(Referee, "event", counting)
+    deltas = [SimpleNamespace(type="response.output_text.delta", delta=f"d{i}") for i in range(5)]
+    events = [*stream_events(0, final=None), *deltas, terminal()]
+    sink = CountingSink()
+    async with asyncio.timeout(5):
+        out = await drain(guard(Scripted(events), asyncio.Event(), sink=sink))
+    assert out == events
+    assert [e for e in seen if e in deltas] == deltas[:1]  # the first of its type, then the hot path
+    assert sink.events == list(range(len(out)))
+
+
 async def test_an_event_type_that_is_a_str_subclass_never_joins_the_hot_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
