@@ -22,7 +22,7 @@ class Sizes:
     """How big each measurement is; ``quick()`` is for smoke tests, not for numbers."""
 
     reps: int = 5
-    overhead_events: int = 1_000_000
+    overhead_events: int = 200_000
     sink_events: int = 100_000
     latency_events: int = 20_000
     scale_streams: int = 1_000
