@@ -105,8 +105,9 @@ class GuardedResponses:
       "Several replicas"). Needs ``database=``.
 
     The last guards are kept by response id (:meth:`guard_for`, bounded by ``eventguard_keep_guards``),
-    for tests and diagnostics. A resilient server's stored background runs stopped by shutdown are
-    recorded ``interrupted`` (they are recovered); on any other server such runs are lost, so ``failed``.
+    for tests and diagnostics; a finished guard keeps its lifecycle, not the request it served. A
+    resilient server's stored background runs stopped by shutdown are recorded ``interrupted`` (they are
+    recovered); on any other server such runs are lost, so ``failed``.
     """
 
     eventguard_sink: ClassVar[Sink | None] = None

@@ -328,8 +328,24 @@ class _Core:
             if close_inner:
                 await self._inner.close()
         finally:
-            if self._rec is not None:
-                await flush(self._rec, self._options.flush_timeout, self.lifecycle.info.response_id)
+            try:
+                if self._rec is not None:
+                    await flush(self._rec, self._options.flush_timeout, self.lifecycle.info.response_id)
+            finally:
+                self._let_go()
+
+    def _let_go(self) -> None:
+        """A finished guard keeps what it reports (its lifecycle, how often it closed the inner
+        stream) and lets go of what it was given: the host's context (the whole request), the inner
+        stream, the recorder, the last response snapshot, the task of its first step.
+        ``GuardedResponses`` keeps the last guards for ``guard_for()``; kept, they must not keep their
+        requests (a 1 MB input kept 256 times over; and every kept object makes each full garbage
+        collection longer)."""
+        self._host.release()
+        self._inner.release()
+        self._ref.release()
+        self._watchdog.release()
+        self._rec = None
 
     async def _end_closed(self, ending: Ending) -> None:
         """The consumer closed the guard (or dropped it) before the end: decide, close, flush."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from eventguard.decision import Flags
 from eventguard.guard.options import GuardOptions
@@ -27,7 +27,7 @@ class CancellationSignal(Protocol):
 class Host:
     """The cause flags of one response: the host's signal, its context, the process's shutdown flag."""
 
-    __slots__ = ("context", "process_shutdown", "signal")
+    __slots__ = ("context", "frozen", "process_shutdown", "signal")
 
     def __init__(
         self, signal: CancellationSignal, context: Any = None, process_shutdown: object = None
@@ -37,9 +37,13 @@ class Host:
         self.signal = signal
         self.context = context
         self.process_shutdown = process_shutdown
+        #: The flags as they were when the guard ended (:meth:`release`), else None.
+        self.frozen: Flags | None = None
 
     def flags(self) -> Flags:
-        """The cause flags at this moment."""
+        """The cause flags at this moment (once released: at the moment it was)."""
+        if self.frozen is not None:
+            return self.frozen
         signal = bool(self.signal.is_set())
         process_shutdown = self.process_shutdown is not None and is_set(self.process_shutdown)
         ctx = self.context
@@ -67,8 +71,21 @@ class Host:
         durable = getattr(self.context, "_task_context", None) is not None
         return bool(info.background and info.store and durable)
 
+    def release(self) -> None:
+        """The guard has ended: let go of the host's objects, its flags kept as they are now.
+
+        The context holds the whole request (its input, its headers), and a finished guard may be
+        kept for a while (``GuardedResponses.guard_for``): it must not keep the request with it.
+        """
+        self.frozen = self.flags()
+        self.context = None
+        self.signal = _RELEASED
+        self.process_shutdown = None
+
     async def wait_for_cause(self, alive: Callable[[], object]) -> None:
         """Return once the signal (or the context's shutdown flag) is set, or ``alive()`` is None."""
+        if self.frozen is not None:
+            return
         signal = self.signal
         shutdown = getattr(self.context, "shutdown", None) if self.context is not None else None
         if isinstance(signal, asyncio.Event) and (shutdown is None or isinstance(shutdown, asyncio.Event)):
@@ -88,6 +105,18 @@ class Host:
             if alive() is None:
                 return
             await asyncio.sleep(0.05)
+
+
+class _Released:
+    """The signal of a released :class:`Host`: never read (its flags are frozen), never set."""
+
+    __slots__ = ()
+
+    def is_set(self) -> bool:
+        return False
+
+
+_RELEASED: Final = _Released()
 
 
 def info_from_context(context: Any) -> ResponseInfo:

@@ -13,7 +13,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 from eventguard.errors import NotAsyncIterable
 
@@ -44,6 +44,12 @@ class InnerStream:
         if self._closer is not None:
             await self._closer()
 
+    def release(self) -> None:
+        """The guard has ended and closed the stream (or is closing it in the background, which
+        holds what it needs): let go of it, keeping only how often it was closed."""
+        self.iterator = _DONE
+        self._closer = None
+
     def close_in_background(self) -> None:
         """Close the inner stream in a task of its own, whose errors go to the log; again: a no-op."""
         # The inner stream ignored the signal: closing it could block as long as it likes, so the
@@ -53,6 +59,21 @@ class InnerStream:
         self.closed += 1
         if self._closer is not None:
             spawn(_close_quietly(self._closer))
+
+
+class _Done:
+    """The iterator of a released :class:`InnerStream`: it ends at once."""
+
+    __slots__ = ()
+
+    def __aiter__(self) -> _Done:
+        return self
+
+    async def __anext__(self) -> Any:
+        raise StopAsyncIteration
+
+
+_DONE: Final = _Done()
 
 
 def aiter_of(stream: object) -> Callable[[], AsyncIterator[Any]]:

@@ -482,6 +482,12 @@ class Referee:
         self.go_slow()
         self.lifecycle.events_forwarded = self.n
 
+    def release(self) -> None:
+        """The guard has ended and flushed: let go of the recorder and of the last response snapshot
+        (a terminal's carries the whole output); the decisions and the lifecycle stay."""
+        self.rec = None
+        self._snapshot = None
+
     def ended_by(self, ending: Ending) -> None:
         """The guard ended by ``ending`` (the consumer closed it, a cancel reached it) before the
         inner stream ended: the ending decided, unless the lifecycle has one already."""

@@ -108,6 +108,10 @@ class Watchdog:
             self.task = None
             task.cancel()
 
+    def release(self) -> None:
+        """The guard has ended (the watchdog stopped): let go of the task of its first step."""
+        self.first_task = None
+
     async def _watch(
         self, ref: weakref.ref[AsyncGeneratorType[Any, None]], referee: Referee, host: Host, grace: float
     ) -> None:
