@@ -21,6 +21,20 @@ from .helpers import (
 )
 
 
+@pytest.fixture
+def slow_path(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every event the slow path (``Referee.event``) is given, in order."""
+    seen: list[Any] = []
+    original = Referee.event
+
+    def counting(self: Referee, e: Any) -> Any:
+        seen.append(e)
+        return original(self, e)
+
+    monkeypatch.setattr(Referee, "event", counting)
+    return seen
+
+
 async def test_an_object_event_with_an_unhashable_type_is_forwarded_untouched() -> None:
     """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
     odd = SimpleNamespace(type=["not", "a", "string"])
@@ -48,23 +62,15 @@ async def test_an_event_that_claims_to_equal_everything_is_still_forwarded() -> 
 
 
 async def test_the_slow_path_runs_once_per_output_type_then_the_hot_path_takes_over(
-    monkeypatch: pytest.MonkeyPatch,
+    slow_path: list[Any],
 ) -> None:
     # The hot path is the guard's cost model (README, benchmarks): an output or delta type goes through
     # the slow path once, and every later event of that type is forwarded without it.
     """Origin: a mutant that survived the run over guard.py (docs/mutation.md; test_guard_edges.py)."""
-    seen: list[str] = []
-    slow = Referee.event
-
-    def counting(self: Referee, e: Any) -> Any:
-        seen.append(e["type"])
-        return slow(self, e)
-
-    monkeypatch.setattr(Referee, "event", counting)
     events = stream_events(50)
     out = await drain(guard(Scripted(events), asyncio.Event()))
     assert out == events
-    assert seen == [
+    assert [e["type"] for e in slow_path] == [
         "response.created",
         "response.in_progress",
         "response.output_text.delta",
@@ -73,7 +79,7 @@ async def test_the_slow_path_runs_once_per_output_type_then_the_hot_path_takes_o
 
 
 async def test_event_objects_of_a_type_already_forwarded_take_the_hot_path_numbered_and_recorded(
-    monkeypatch: pytest.MonkeyPatch,
+    slow_path: list[Any],
 ) -> None:
     """An event object (an SDK's typed event) has its type as an attribute, not a key: the hot loop's
     lookup fails on it, and the object is forwarded from its own lane after that lookup, as a dict of
@@ -81,26 +87,18 @@ async def test_event_objects_of_a_type_already_forwarded_take_the_hot_path_numbe
 
     Origin: the 2026-12-06 rewrite of the hot loop; with that lane gone every such object took the slow
     path, and with its recorder call gone the sink missed them."""
-    seen: list[Any] = []
-    slow = Referee.event
-
-    def counting(self: Referee, e: Any) -> Any:
-        seen.append(e)
-        return slow(self, e)
-
-    monkeypatch.setattr(Referee, "event", counting)
     deltas = [SimpleNamespace(type="response.output_text.delta", delta=f"d{i}") for i in range(5)]
     events = [*stream_events(0, final=None), *deltas, terminal()]
     sink = CountingSink()
     async with asyncio.timeout(5):
         out = await drain(guard(Scripted(events), asyncio.Event(), sink=sink))
     assert out == events
-    assert [e for e in seen if e in deltas] == deltas[:1]  # the first of its type, then the hot path
+    assert [e for e in slow_path if e in deltas] == deltas[:1]  # the first of its type, then the hot path
     assert sink.events == list(range(len(out)))
 
 
 async def test_an_event_type_that_is_a_str_subclass_never_joins_the_hot_path(
-    monkeypatch: pytest.MonkeyPatch,
+    slow_path: list[Any],
 ) -> None:
     """Only plain ``str`` types join the hot path's set: a ``str`` subclass (other than a string enum,
     which is read as its value) can hash and compare as it likes, so every such event is looked at on the
@@ -113,23 +111,15 @@ async def test_an_event_type_that_is_a_str_subclass_never_joins_the_hot_path(
         """An event type wrapped in a ``str`` subclass, as a typed client may hand it out."""
 
     delta = Tag("response.output_text.delta")
-    seen: list[Any] = []
-    slow = Referee.event
-
-    def counting(self: Referee, e: Any) -> Any:
-        seen.append(e["type"])
-        return slow(self, e)
-
-    monkeypatch.setattr(Referee, "event", counting)
     events = [*stream_events(0, final=None), *({"type": delta, "delta": f"d{i}"} for i in range(3))]
     events.append(terminal())
     out = await drain(guard(Scripted(events), asyncio.Event()))
     assert out == events
-    assert [t for t in seen if type(t) is Tag] == [delta] * 3
+    assert [e["type"] for e in slow_path if type(e["type"]) is Tag] == [delta] * 3
 
 
 async def test_an_object_events_type_whose_class_claims_to_be_str_never_joins_the_hot_path(
-    monkeypatch: pytest.MonkeyPatch,
+    slow_path: list[Any],
 ) -> None:
     """The hot path takes an object event's type only when its class is ``str`` itself, not a class that
     says it equals ``str``: such a type may hash and compare as a hot type does, and is looked at on the
@@ -148,19 +138,11 @@ async def test_an_object_events_type_whose_class_claims_to_be_str_never_joins_th
             return hash("response.output_text.delta")
 
     odd = SimpleNamespace(type=OddType(), delta="x")
-    seen: list[Any] = []
-    slow = Referee.event
-
-    def counting(self: Referee, e: Any) -> Any:
-        seen.append(e)
-        return slow(self, e)
-
-    monkeypatch.setattr(Referee, "event", counting)
     first = {"type": "response.output_text.delta", "delta": "d"}  # its type joins the hot set
     events = [*stream_events(0, final=None), first, odd, odd, terminal()]
     out = await drain(guard(Scripted(events), asyncio.Event()))
     assert [e is odd for e in out].count(True) == 2
-    assert [e is odd for e in seen].count(True) == 2
+    assert [e is odd for e in slow_path].count(True) == 2
 
 
 @pytest.mark.parametrize("final", ["completed", None])
