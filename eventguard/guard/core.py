@@ -35,7 +35,7 @@ from eventguard.decision import Ending, exit_ending
 from eventguard.errors import GuardAlreadyUsed, GuardOutsideLoop
 from eventguard.guard.flush import flush
 from eventguard.guard.host import CancellationSignal, Host
-from eventguard.guard.inner import InnerStream, aiter_of
+from eventguard.guard.inner import InnerStream, aiter_of, empty
 from eventguard.guard.loop import bound_loop, check_loop
 from eventguard.guard.options import GuardOptions
 from eventguard.guard.referee import DROP, Referee
@@ -445,7 +445,7 @@ class Guard:
         if gen is None:
             core = self._core
             if core._phase is Phase.FINISHED:
-                gen = cast(AsyncGeneratorType[Any, None], _empty())
+                gen = cast(AsyncGeneratorType[Any, None], empty())
             else:
                 gen = self._gen = cast(AsyncGeneratorType[Any, None], core._run())
                 core._gen_ref = weakref.ref(gen)
@@ -478,8 +478,3 @@ class Guard:
         if core._phase is Phase.FINISHED:
             return
         await core._end_closed(ending)
-
-
-async def _empty() -> AsyncGenerator[Any, None]:
-    return
-    yield  # an async generator that ends at once: a guard closed before its first step

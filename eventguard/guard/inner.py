@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Final
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from eventguard.errors import NotAsyncIterable
 
-__all__ = ["InnerStream", "aiter_of", "keep", "spawn"]
+__all__ = ["InnerStream", "aiter_of", "empty", "keep", "spawn"]
 
 log = logging.getLogger("eventguard.guard")
 
@@ -47,7 +47,7 @@ class InnerStream:
     def release(self) -> None:
         """The guard has ended and closed the stream (or is closing it in the background, which
         holds what it needs): let go of it, keeping only how often it was closed."""
-        self.iterator = _DONE
+        self.iterator = empty()
         self._closer = None
 
     def close_in_background(self) -> None:
@@ -61,19 +61,11 @@ class InnerStream:
             spawn(_close_quietly(self._closer))
 
 
-class _Done:
-    """The iterator of a released :class:`InnerStream`: it ends at once."""
-
-    __slots__ = ()
-
-    def __aiter__(self) -> _Done:
-        return self
-
-    async def __anext__(self) -> Any:
-        raise StopAsyncIteration
-
-
-_DONE: Final = _Done()
+async def empty() -> AsyncGenerator[Any, None]:
+    """An async generator that ends at once: a released :class:`InnerStream`'s iterator, and what
+    a finished guard gives ``async for``."""
+    return
+    yield
 
 
 def aiter_of(stream: object) -> Callable[[], AsyncIterator[Any]]:
