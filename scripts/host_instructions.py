@@ -15,6 +15,12 @@ keeps the schedule of a quick response: one write transaction per response, as a
 sessions, the host's state folder unused) and the SQLite sink on the same file, as the host
 benchmark builds it, served inside the app's lifespan.
 
+``--where`` also says where each variant's extra instructions run: the difference to the unguarded
+server per response, by the library that ran them (SQLite, orjson, pydantic, the C library), and
+inside the interpreter by its source file, so that the garbage collector (``gcmodule.c``), the
+allocator (``obmalloc.c``) and the bytecode loop (``ceval.c``) are told apart. Self cost only, read
+from callgrind's own output (each function's instructions, not those of what it calls).
+
 ``--syscalls`` counts system calls instead, by name (``strace -f -c``, every thread): what a
 variant asks of the kernel per response (the WAL's writes, a thread's wake-up through a futex), the
 part of its CPU time an instruction count does not see. Counts, not times: strace's own slowdown
@@ -23,6 +29,7 @@ changes how often the event loop waits, so ``epoll_wait`` moves a little; the re
     python scripts/host_instructions.py                      # unguarded, guarded, sqlite; ~4 minutes
     python scripts/host_instructions.py --variant postgres   # unguarded and the PostgreSQL sink
     python scripts/host_instructions.py --syscalls --variant guarded --variant sqlite --variant postgres
+    python scripts/host_instructions.py --where              # + where the extra instructions run
     python scripts/host_instructions.py --rusage --responses 300 # no tool: time, faults, blocks, threads
     python scripts/host_instructions.py --rusage --variant sqlite --variant sqlite-store  # + database=
     PYTHONPATH=/other/checkout python scripts/host_instructions.py   # another commit's eventguard
@@ -42,6 +49,7 @@ import sys
 import tempfile
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -182,13 +190,75 @@ def _serve_in_child(
     return done
 
 
-def _instructions(variant: str, n: int, scale: float, out: Path) -> int:
-    """Instructions the whole process ran to serve ``n`` responses from ``variant``."""
+def _instructions(variant: str, n: int, scale: float, out: Path) -> tuple[int, Counter[str]]:
+    """Instructions the whole process ran to serve ``n`` responses from ``variant``, and the same
+    by where they ran (:func:`_places`)."""
     done = _serve_in_child(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"], variant, n, scale)
     found = re.search(r"Collected : (\d+)", done.stderr)
     if found is None:
         raise RuntimeError(f"{variant} {n}: callgrind printed no count:\n{done.stderr[-2000:]}")
-    return int(found.group(1))
+    return int(found.group(1)), _places(out)
+
+
+#: The interpreter, by the name its shared library or executable has.
+_INTERPRETER = re.compile(r"libpython|/python3?[\d.]*$")
+
+
+#: The keys of callgrind's position lines, by the name space their ids live in: an object or a
+#: file first named on a callee's line (``cob=``, ``cfi=``) is named by its id alone after that.
+_NAME_SPACES = {"ob": "ob", "cob": "ob", "fl": "fl", "fi": "fl", "fe": "fl", "cfi": "fl", "cfl": "fl"}
+#: The keys that say where the following costs are (the others only name a callee).
+_CURRENT = {"ob", "fl", "fi", "fe"}
+
+
+def _places(out: Path) -> Counter[str]:
+    """Each function's own instructions in a callgrind output file, summed by where they ran: the
+    library (its file name), or for the interpreter ``python: <its source file>``.
+
+    The format (valgrind's "Callgrind Format Specification"): ``ob=``/``fl=``/``fi=``/``fe=``/``fn=``
+    set the current object, file and function, each as ``(id) name`` the first time and ``(id)``
+    after (the first time may be a callee's ``cob=``/``cfi=``); a line of numbers is a cost
+    (position, then instructions) of the current function, except the one after ``calls=``, which
+    is the callee's inclusive cost and is skipped here.
+    """
+    names: dict[tuple[str, str], str] = {}
+    current = {"ob": "???", "fl": "???"}
+    places: Counter[str] = Counter()
+    skip_next = False
+    with out.open(encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, 1):
+            if line[:1].isdigit() or line[:1] in "+-*":
+                if skip_next:
+                    skip_next = False
+                    continue
+                parts = line.split()
+                if len(parts) < 2 or not parts[1].isdigit():
+                    # A file callgrind did not finish (killed, a full disk): no figure from it.
+                    raise ValueError(f"{out}:{number}: not a cost line: {line.strip()[:80]!r}")
+                ob, fl = current["ob"], current["fl"]
+                lib = ob.rsplit("/", 1)[-1]
+                where = f"python: {fl.rsplit('/', 1)[-1]}" if _INTERPRETER.search(ob) else lib
+                places[where] += int(parts[1])
+                continue
+            key, sep, value = line.partition("=")
+            if not sep:
+                continue
+            if key == "calls":
+                skip_next = True
+                continue
+            space = _NAME_SPACES.get(key)
+            if space is None:
+                continue
+            found_id = re.match(r"\((\d+)\)\s*(.*)", value.strip())
+            name = value.strip()
+            if found_id is not None:
+                ident, given = found_id.groups()
+                if given:
+                    names[space, ident] = given  # a name is given once, on whichever line first uses it
+                name = names.get((space, ident), "???")
+            if key in _CURRENT:
+                current[space] = name
+    return places
 
 
 def _syscalls(variant: str, n: int, scale: float, out: Path) -> dict[str, int]:
@@ -234,6 +304,9 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=50.0, help="stretch the sink's times (default 50)")
     ap.add_argument("--syscalls", action="store_true", help="count system calls (strace) instead")
     ap.add_argument(
+        "--where", action="store_true", help="also: where the extra instructions run, by library and file"
+    )
+    ap.add_argument(
         "--rusage",
         action="store_true",
         help="no tool: time, page faults, blocks written and each thread's context switches per response",
@@ -261,12 +334,39 @@ def main() -> int:
         _print_syscalls(variants, _each_run(runs, lambda v, k, out: _syscalls(v, k, args.scale, out)), n)
         return 0
     counts = _each_run(runs, lambda v, k, out: _instructions(v, k, args.scale, out))
-    per = {v: (counts[v, 3 * n] - counts[v, n]) / (2 * n) for v in variants}
+    per = {v: (counts[v, 3 * n][0] - counts[v, n][0]) / (2 * n) for v in variants}
     where = os.environ.get("PYTHONPATH") or "this checkout"
     print(f"instructions per 28-event response, {2 * n} responses counted ({where}):")
     for v in variants:
         print(f"  {v:10} {per[v] / 1e6:7.2f} M  {per[v] / per['unguarded']:.3f}x the unguarded server")
+    if args.where:
+        _print_places(variants, {key: places for key, (_total, places) in counts.items()}, n)
     return 0
+
+
+def _print_places(variants: list[str], places: dict[tuple[str, int], Counter[str]], n: int) -> None:
+    """Per response, each variant's instructions minus the unguarded server's, by where they ran:
+    every place that differs by at least 1 % of the largest difference, largest first."""
+    per = {
+        v: {k: (places[v, 3 * n][k] - places[v, n][k]) / (2 * n) for k in places[v, 3 * n] | places[v, n]}
+        for v in variants
+    }
+    base = per["unguarded"]
+    extra = {v: {k: per[v].get(k, 0.0) - base.get(k, 0.0) for k in per[v] | base} for v in variants[1:]}
+    if not extra:
+        return
+    largest = max(sum(e.values()) for e in extra.values())
+    keys = sorted(
+        {k for e in extra.values() for k in e}, key=lambda k: -max(e.get(k, 0.0) for e in extra.values())
+    )
+    shown = [k for k in keys if max(abs(e.get(k, 0.0)) for e in extra.values()) >= 0.01 * abs(largest)]
+    print("extra instructions per response against the unguarded server, by where they ran (k = thousand):")
+    print(f"  {'':32}" + "".join(f"{v:>14}" for v in extra))
+    for k in shown:
+        print(f"  {k[:32]:32}" + "".join(f"{e.get(k, 0.0) / 1e3:13.0f}k" for e in extra.values()))
+    rest = {v: sum(x for k, x in e.items() if k not in shown) for v, e in extra.items()}
+    print(f"  {'(the rest)':32}" + "".join(f"{rest[v] / 1e3:13.0f}k" for v in extra))
+    print(f"  {'all':32}" + "".join(f"{sum(e.values()) / 1e3:13.0f}k" for e in extra.values()))
 
 
 if __name__ == "__main__":
