@@ -371,7 +371,18 @@ class Writer:
         st.wake.set()
 
     def note_close(self, rec: SqlRecorder) -> None:
-        """A recorder is closing: the writer is woken; with no writer, what it holds is spooled."""
+        """A recorder is closing: the writer is woken; with no writer, what it holds is spooled.
+        With nothing left to take, no cycle is needed: it is finished now, or by the cycle that
+        is writing its last batch."""
+        if not rec.has_work():
+            # The common case: the terminal's cycle took the stream's last work before the guard
+            # closed it. A batch is in flight from the moment it is collected (no await between),
+            # and the cycle that holds it finishes a closing recorder once it is stored or kept
+            # (see cycle()). Waking the writer would only run one more cycle to find nothing,
+            # and the end of the response would wait for it.
+            if not rec.inflight:
+                finish(rec)
+            return
         self._enqueue(rec)
         self.loops.wake.set()
         if not self.writing():
