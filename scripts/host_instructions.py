@@ -21,6 +21,10 @@ inside the interpreter by its source file, so that the garbage collector (``gcmo
 allocator (``obmalloc.c``) and the bytecode loop (``ceval.c``) are told apart. Self cost only, read
 from callgrind's own output (each function's instructions, not those of what it calls).
 
+``--statements`` (no tool, the sink's real times: one transaction per response as at concurrency 1)
+times the SQLite writer thread's work in that thread's CPU time: each statement, each whole
+transaction, and the checkpoints it runs after answering, per response.
+
 ``--syscalls`` counts system calls instead, by name (``strace -f -c``, every thread): what a
 variant asks of the kernel per response (the WAL's writes, a thread's wake-up through a futex), the
 part of its CPU time an instruction count does not see. Counts, not times: strace's own slowdown
@@ -30,6 +34,7 @@ changes how often the event loop waits, so ``epoll_wait`` moves a little; the re
     python scripts/host_instructions.py --variant postgres   # unguarded and the PostgreSQL sink
     python scripts/host_instructions.py --syscalls --variant guarded --variant sqlite --variant postgres
     python scripts/host_instructions.py --where              # + where the extra instructions run
+    python scripts/host_instructions.py --statements --responses 300  # the SQLite writer's statements
     python scripts/host_instructions.py --rusage --responses 300 # no tool: time, faults, blocks, threads
     python scripts/host_instructions.py --rusage --variant sqlite --variant sqlite-store  # + database=
     PYTHONPATH=/other/checkout python scripts/host_instructions.py   # another commit's eventguard
@@ -48,12 +53,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("unguarded", "guarded", "sqlite", "postgres", "sqlite-store")
@@ -61,9 +67,13 @@ PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 T = TypeVar("T")
 
 
-async def _serve_some(variant: str, n: int, scale: float, rusage: bool = False) -> None:
+async def _serve_some(
+    variant: str, n: int, scale: float, rusage: bool = False, statements: bool = False
+) -> None:
     """``n`` streaming responses from ``variant``'s server, one after another, in this process.
-    ``rusage``: after ten untimed ones, print what the ``n`` cost the process (:func:`_usage`)."""
+    ``rusage``: after ten untimed ones, print what the ``n`` cost the process (:func:`_usage`);
+    ``statements``: after ten untimed ones, print what the SQLite writer thread's statements cost
+    (:class:`_StatementClock`)."""
     import httpx
 
     from benchmarks._common import PG_URL
@@ -118,7 +128,12 @@ async def _serve_some(variant: str, n: int, scale: float, rusage: bool = False) 
                 if sink is not None:
                     await sink.flush()
 
-            if not rusage:
+            if statements:
+                await serve(10)  # connections, caches and the schema: first-use costs, not measured
+                with _StatementClock() as clock:
+                    await serve(n)
+                clock.print(variant, n)
+            elif not rusage:
                 await serve(n)
             else:
                 await serve(10)  # connections, caches and the schema: first-use costs, not measured
@@ -133,6 +148,79 @@ async def _serve_some(variant: str, n: int, scale: float, rusage: bool = False) 
             await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
             await conn.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _StatementClock:
+    """Times the SQLite writer thread's work in that thread's CPU time (``time.thread_time``), while
+    in use: each statement by its first words, each whole transaction, and the checkpoints the
+    thread runs after answering. It wraps the thread's functions (the module's, for every thread)
+    and puts them back on exit."""
+
+    def __init__(self) -> None:
+        self.statements: dict[str, list[float]] = {}
+        self.transactions: list[float] = []
+        self.checkpoints: list[float] = []
+        self._undo: list[Callable[[], None]] = []
+
+    def __enter__(self) -> _StatementClock:
+        from eventguard.sql import sqlite_thread
+
+        run, in_transaction = sqlite_thread.SqliteConnection.run, sqlite_thread._in_transaction
+        checkpoint = sqlite_thread.SqliteThread._checkpoint_if_due
+
+        def timed_run(conn: sqlite_thread.SqliteConnection, sql: str, params: tuple[object, ...]) -> int:
+            t = time.thread_time()
+            try:
+                return run(conn, sql, params)
+            finally:
+                key = " ".join(sql.split("(", 1)[0].split()[:3])
+                self.statements.setdefault(key, []).append(time.thread_time() - t)
+
+        def timed_transaction(*args: Any) -> Any:
+            t = time.thread_time()
+            try:
+                return in_transaction(*args)
+            finally:
+                self.transactions.append(time.thread_time() - t)
+
+        def timed_checkpoint(thread: sqlite_thread.SqliteThread) -> None:
+            t, before = time.thread_time(), thread.checkpoints
+            checkpoint(thread)
+            if thread.checkpoints != before:
+                self.checkpoints.append(time.thread_time() - t)
+
+        # setattr: the wrappers take the place of methods and of a module function, for a while.
+        setattr(sqlite_thread.SqliteConnection, "run", timed_run)  # noqa: B010
+        setattr(sqlite_thread, "_in_transaction", timed_transaction)  # noqa: B010
+        setattr(sqlite_thread.SqliteThread, "_checkpoint_if_due", timed_checkpoint)  # noqa: B010
+        self._undo = [
+            lambda: setattr(sqlite_thread.SqliteConnection, "run", run),
+            lambda: setattr(sqlite_thread, "_in_transaction", in_transaction),
+            lambda: setattr(sqlite_thread.SqliteThread, "_checkpoint_if_due", checkpoint),
+        ]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for undo in self._undo:
+            undo()
+
+    def print(self, variant: str, n: int) -> None:
+        print(f"{variant}: the SQLite writer thread's CPU time per response, {n} responses:")
+        rows = sorted(self.statements.items(), key=lambda kv: -sum(kv[1]))
+        for key, times in rows:
+            mean = sum(times) / len(times)
+            print(f"  {key:36} {sum(times) / n * 1e6:8.1f} us  ({len(times) / n:.2f} x {mean * 1e6:.1f} us)")
+        inside = sum(sum(t) for t in self.statements.values())
+        total = sum(self.transactions)
+        print(f"  {'all statements':36} {inside / n * 1e6:8.1f} us")
+        per = len(self.transactions) / n
+        print(f"  {'whole transactions':36} {total / n * 1e6:8.1f} us  ({per:.2f} per response)")
+        if self.checkpoints:
+            each = sum(self.checkpoints) / len(self.checkpoints)
+            print(
+                f"  {'checkpoints, after the answer':36} {sum(self.checkpoints) / n * 1e6:8.1f} us"
+                f"  ({len(self.checkpoints) / n:.2f} x {each * 1e6:.0f} us)"
+            )
 
 
 def _usage() -> tuple[resource.struct_rusage, dict[str, tuple[int, int]]]:
@@ -311,10 +399,21 @@ def main() -> int:
         action="store_true",
         help="no tool: time, page faults, blocks written and each thread's context switches per response",
     )
+    ap.add_argument(
+        "--statements",
+        action="store_true",
+        help="no tool: the SQLite writer thread's CPU time per statement and transaction, per response",
+    )
     ap.add_argument("--one", nargs=2, metavar=("VARIANT", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        asyncio.run(_serve_some(args.one[0], int(args.one[1]), args.scale, args.rusage))
+        asyncio.run(_serve_some(args.one[0], int(args.one[1]), args.scale, args.rusage, args.statements))
+        return 0
+    if args.statements:
+        for v in args.variant or ["sqlite"]:
+            if not v.startswith("sqlite"):
+                ap.error(f"--statements: {v} has no SQLite writer thread")
+            _serve_in_child([], v, args.responses, 1.0, "--statements")
         return 0
     if args.rusage:
         # One process per variant, one after another (a thread's figures are its process's).

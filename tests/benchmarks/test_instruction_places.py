@@ -80,3 +80,40 @@ def test_a_cost_line_without_its_count_is_refused(script: ModuleType, tmp_path: 
     out.write_text(_CALLGRIND.replace("10 100\n", "10\n"), encoding="utf-8")
     with pytest.raises(ValueError, match=r"callgrind.out:10: not a cost line: '10'"):
         script._places(out)
+
+
+async def test_the_statement_clock_times_the_writer_thread_and_puts_its_functions_back(
+    script: ModuleType, tmp_path: Path
+) -> None:
+    import asyncio
+    import json
+
+    from eventguard.sql import sqlite_thread
+    from eventguard.sql.sqlite_thread import SqliteConnection, SqliteThread
+
+    originals = (
+        sqlite_thread.SqliteConnection.run,
+        sqlite_thread._in_transaction,
+        sqlite_thread.SqliteThread._checkpoint_if_due,
+    )
+    thread = SqliteThread(
+        tmp_path / "t.db", busy_timeout_ms=1000, json_serializer=json.dumps, json_deserializer=json.loads
+    )
+
+    def job(conn: SqliteConnection) -> int:
+        conn.run("CREATE TABLE IF NOT EXISTS t (k INTEGER PRIMARY KEY, v TEXT)", ())
+        return conn.run("INSERT INTO t (v) VALUES (?)", ("x",))
+
+    try:
+        with script._StatementClock() as clock:
+            async with asyncio.timeout(10):
+                assert await thread.transaction(job) == 1
+        assert set(clock.statements) == {"BEGIN IMMEDIATE", "CREATE TABLE IF", "INSERT INTO t", "COMMIT"}
+        assert len(clock.transactions) == 1
+    finally:
+        await thread.close()
+    assert (
+        sqlite_thread.SqliteConnection.run,
+        sqlite_thread._in_transaction,
+        sqlite_thread.SqliteThread._checkpoint_if_due,
+    ) == originals
