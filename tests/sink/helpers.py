@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
-from typing import Any
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, select
 
 from eventguard import guard
 from eventguard.lifecycle import Lifecycle, ResponseInfo, State
 from eventguard.sink import SqlSink
 from eventguard.sink.recorder import SqlRecorder
+from eventguard.sql.tables import events
+from tests._postgres import PG_DSN
+
+if TYPE_CHECKING:  # conftest imports this module
+    from .conftest import Target
 
 
 def created(rid: str) -> dict[str, Any]:
@@ -77,3 +87,46 @@ async def run_guarded(sink: SqlSink, events: list[Any], **kwargs: Any) -> list[A
             async for ev in g:
                 seen.append(ev)
     return seen
+
+
+async def stored_events(sink: SqlSink, rid: str) -> int:
+    """The events of ``rid`` in the sink's database, read now."""
+    async with sink.engine.connect() as conn:
+        stmt = select(func.count()).select_from(events).where(events.c.response_id == rid)
+        return int((await conn.execute(stmt)).scalar_one())
+
+
+@asynccontextmanager
+async def database_busy(target: Target) -> AsyncIterator[None]:
+    """Another client holds a lock that makes the sink's next write wait, until the block ends."""
+    if target.kind == "sqlite":
+        path = Path(target.url.removeprefix("sqlite+aiosqlite:///"))
+        conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")  # the one write lock: the writer's BEGIN waits for it
+            yield
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        return
+    import asyncpg  # type: ignore[import-untyped]  # the postgres extra
+
+    pg = await asyncpg.connect(PG_DSN)
+    try:
+        tr = pg.transaction()
+        await tr.start()
+        # EXCLUSIVE lets readers read and makes every INSERT into the table wait.
+        await pg.execute(f'LOCK TABLE "{target.schema}".{events.name} IN EXCLUSIVE MODE')
+        yield
+        await tr.commit()
+    finally:
+        await pg.close()
+
+
+async def until_in_flight(rec: SqlRecorder) -> None:
+    """Waits (5 s at most) until the writer has taken ``rec``'s work into a write."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + 5.0
+    while not rec.inflight and loop.time() < give_up:  # noqa: ASYNC110 - the writer task's state
+        await asyncio.sleep(0.005)
+    assert rec.inflight, "the writer never took the events"

@@ -10,48 +10,24 @@ work is all stored closes at once.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
-
-from sqlalchemy import func, select
 
 from eventguard.sink import SqlSink
 from eventguard.sink.recorder import SqlRecorder
-from eventguard.sql.tables import events
-from tests._postgres import PG_DSN
 
 from .conftest import Target
-from .helpers import delta, run_guarded, script, stored_in_progress
+from .helpers import (
+    database_busy,
+    delta,
+    run_guarded,
+    script,
+    stored_events,
+    stored_in_progress,
+    until_in_flight,
+)
 
 _EVENTS = 40
-
-
-@asynccontextmanager
-async def _database_busy(target: Target) -> AsyncIterator[None]:
-    """Another client holds a lock that makes the sink's next write wait, until the block ends."""
-    if target.kind == "sqlite":
-        conn = sqlite3.connect(Path(target.url.removeprefix("sqlite+aiosqlite:///")), isolation_level=None)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            yield
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
-        return
-    import asyncpg  # type: ignore[import-untyped]  # the postgres extra
-
-    pg = await asyncpg.connect(PG_DSN)
-    try:
-        tr = pg.transaction()
-        await tr.start()
-        await pg.execute(f'LOCK TABLE "{target.schema}".{events.name} IN EXCLUSIVE MODE')
-        yield
-        await tr.commit()
-    finally:
-        await pg.close()
 
 
 def _count_cycles(sink: SqlSink) -> Callable[[], int]:
@@ -67,12 +43,6 @@ def _count_cycles(sink: SqlSink) -> Callable[[], int]:
 
     writer.cycle = counted  # type: ignore[method-assign]
     return lambda: ran
-
-
-async def _stored(sink: SqlSink, rid: str) -> int:
-    async with sink.engine.connect() as conn:
-        stmt = select(func.count()).select_from(events).where(events.c.response_id == rid)
-        return int((await conn.execute(stmt)).scalar_one())
 
 
 def _sink(target: Target, **kw: Any) -> SqlSink:
@@ -91,7 +61,7 @@ async def test_a_short_guarded_response_takes_one_writer_cycle_its_close_include
             events_in[3] = {**events_in[3], "delta": "nul\x00 lone\udcff esc\x1b[31m"}
             seen = await run_guarded(sink, events_in)
             assert cycles() == 1
-            assert await _stored(sink, "resp_one_cycle") == len(seen) == len(events_in)
+            assert await stored_events(sink, "resp_one_cycle") == len(seen) == len(events_in)
             assert sink.stats.batches_spooled == 0
         finally:
             await sink.aclose()
@@ -105,21 +75,17 @@ async def test_a_close_while_the_last_batch_is_written_waits_for_it_without_anot
         await sink.start()
         try:
             _lc, rec = await stored_in_progress(sink, "resp_close_inflight")
-            async with _database_busy(target):
+            async with database_busy(target):
                 for i in range(_EVENTS):
                     rec.event(i, "response.output_text.delta", delta(i))
-                loop = asyncio.get_running_loop()
-                give_up = loop.time() + 5.0
-                while not rec.inflight and loop.time() < give_up:  # noqa: ASYNC110 - the writer's state
-                    await asyncio.sleep(0.005)
-                assert rec.inflight, "the writer never took the events"
+                await until_in_flight(rec)
                 cycles = _count_cycles(sink)
                 closing = asyncio.ensure_future(rec.close())
                 await asyncio.wait({closing}, timeout=0.3)
                 assert not closing.done(), "close() returned while its last batch was still being written"
             await closing
             # Read at once: a closed recorder's work is stored.
-            assert await _stored(sink, "resp_close_inflight") == _EVENTS
+            assert await stored_events(sink, "resp_close_inflight") == _EVENTS
             assert cycles() == 0, "the close ran a writer cycle of its own"
             assert sink.stats.batches_spooled == 0
         finally:
@@ -138,6 +104,6 @@ async def test_a_recorder_whose_work_is_all_stored_closes_without_a_cycle(target
             cycles = _count_cycles(sink)
             await rec.close()
             assert cycles() == 0
-            assert await _stored(sink, "resp_close_stored") == _EVENTS
+            assert await stored_events(sink, "resp_close_stored") == _EVENTS
         finally:
             await sink.aclose()

@@ -11,24 +11,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from sqlalchemy import func, select
-
 from eventguard.lifecycle import Lifecycle, ResponseInfo, State
 from eventguard.sink import SqlSink
-from eventguard.sql.tables import events
 
 from .conftest import Target
-from .helpers import run_guarded, script
+from .helpers import run_guarded, script, stored_events
 
 
 def make_sink(target: Target, **kw: Any) -> SqlSink:
     return SqlSink(target.url, schema=target.schema, spool_path=target.spool, **kw)
-
-
-async def stored_events(sink: SqlSink, rid: str) -> int:
-    async with sink.engine.connect() as conn:
-        stmt = select(func.count()).select_from(events).where(events.c.response_id == rid)
-        return int((await conn.execute(stmt)).scalar_one())
 
 
 async def _batches_for(sink: SqlSink, rid: str) -> int:
