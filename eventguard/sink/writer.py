@@ -378,8 +378,8 @@ class Writer:
             # The common case: the terminal's cycle took the stream's last work before the guard
             # closed it. A batch is in flight from the moment it is collected (no await between),
             # and the cycle that holds it finishes a closing recorder once it is stored or kept
-            # (see cycle()). Waking the writer would only run one more cycle to find nothing,
-            # and the end of the response would wait for it.
+            # (see cycle()). Waking the writer would only run one more cycle to find nothing (and
+            # a close with nothing in flight would wait for that cycle).
             if not rec.inflight:
                 finish(rec)
             return
