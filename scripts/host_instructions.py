@@ -406,6 +406,8 @@ def main() -> int:
     )
     ap.add_argument("--one", nargs=2, metavar=("VARIANT", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.responses < 1:
+        ap.error("--responses: at least 1")
     if args.one:
         asyncio.run(_serve_some(args.one[0], int(args.one[1]), args.scale, args.rusage, args.statements))
         return 0

@@ -84,8 +84,10 @@ def main() -> int:
     ap.add_argument("--pauses", type=float, nargs="+", default=[0.0, 2.0, 20.0], help="milliseconds")
     ap.add_argument("--transactions", type=int, default=200, help="per pause (default 200)")
     args = ap.parse_args()
-    if args.transactions < 1 or any(p < 0 for p in args.pauses):
-        ap.error("--transactions must be at least 1 and every pause at least 0")
+    if not 1 <= args.transactions <= 100_000:
+        ap.error("--transactions: from 1 to 100000")
+    if not all(0 <= p <= 10_000 for p in args.pauses):  # NaN fails every comparison: refused too
+        ap.error("--pauses: each from 0 to 10000 milliseconds")
     with tempfile.TemporaryDirectory(prefix="eg-cold-") as d:
         path = Path(d) / "cold.db"
         asyncio.run(_schema(path))
