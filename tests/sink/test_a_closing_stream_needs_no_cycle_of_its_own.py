@@ -2,9 +2,9 @@
 
 A guard closes its recorder right after the terminal, while the writer's cycle is writing the
 stream's last batch: that cycle finishes the closing recorder once the batch is stored or kept. A
-second cycle, woken by the close to find nothing, ran for every response before, and the end of
-the response waited for it. Closing must still wait for the batch in flight, and a recorder whose
-work is all stored closes at once.
+second cycle, woken by the close to find nothing, ran for every response before (after that close
+had returned; a close with nothing in flight waited for it). Closing must still wait for the batch
+in flight, and a recorder whose work is all stored closes at once.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ async def test_a_short_guarded_response_takes_one_writer_cycle_its_close_include
             cycles = _count_cycles(sink)
             # Hostile content on the way: the count of cycles is the subject, the content must land.
             events_in = script("resp_one_cycle", n_deltas=5)
-            events_in[3] = {**events_in[3], "delta": "nul\x00 lone\udcff esc\x1b[31m"}
+            events_in[3] = {**events_in[3], "delta": "nul\x00 lone\udcff esc\x1b[31m " + "x" * 1_000_000}
             seen = await run_guarded(sink, events_in)
             assert cycles() == 1
             assert await stored_events(sink, "resp_one_cycle") == len(seen) == len(events_in)
