@@ -7,14 +7,21 @@ response store and agent sessions in the same SQL database, its state folder unu
 eventguard). They serve
 the host's own handler over a model-free chat agent (28 SSE events per response) through uvicorn on
 loopback. A separate client process (``benchmarks._host_client``, httpx) streams the responses at
-concurrency 1 and 16 and reads the server's CPU time (``psutil``).
+concurrency 1 and 16 and reads each server's CPU time (its process CPU-time clock: nanoseconds,
+every thread).
 
-Rounds are interleaved: in every round each variant serves once per concurrency, in an order that
-rotates from round to round, so machine noise falls on every variant alike. Before each measurement
-the host's state folder (``AGENTSERVER_STATE_ROOT``: its stored responses and sessions) is emptied
-through the server's ``/_bench/reset`` route and garbage collected. The SQL databases are not
-emptied: the sinks' rows and the SQL store's responses pile up over the rounds, as in a server that
-runs for a while (each database is new when the part starts). Each figure is a ratio to the
+Rounds are interleaved, and so is each round: one client process per round and concurrency serves
+every variant its responses in slices (:data:`SLICE`: 5 at concurrency 1, 32 at 16), the variants
+taking turns slice by slice, so that machine noise over seconds falls on every variant alike; the
+order rotates from round to round. Each server's CPU is its own over the whole round (what a sink
+does after a response ended included). Measured one variant after another instead (40 responses
+each, psutil's CPU ticks; until 2026-12-07), two runs of four rounds on one machine read the twin's
+CPU at concurrency 1 as 0.94x and 1.01x the unguarded server's and the SQLite sink's as 1.01x and
+1.11x; in turns, three runs on the same machine read them as 0.99-1.00x and 1.13-1.19x. Before each
+round every host's state folder (``AGENTSERVER_STATE_ROOT``: its stored responses and sessions) is
+emptied through the server's ``/_bench/reset`` route and garbage collected. The SQL databases are
+not emptied: the sinks' rows and the SQL store's responses pile up over the rounds, as in a server
+that runs for a while (each database is new when the part starts). Each figure is a ratio to the
 unguarded server in the same round; the table shows the median over the rounds, the note its spread.
 
 "Lost" is the events the clients received minus the events that reached the database. With the
@@ -190,36 +197,56 @@ async def pg_backends(server_pid: int) -> dict[int, float]:
     return cpu
 
 
-async def measure(server: Server, concurrency: int, n: int) -> dict[str, Any]:
-    """Reset the host's state, run the client once, count what reached the database."""
-    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
-        (await http.post("/_bench/reset")).raise_for_status()
-    before = await server.stored()
-    pg_before = await pg_backends(server.pid) if on_postgres(server.variant) else {}
+#: Responses per slice (see ``benchmarks._host_client``): the servers take turns this often.
+SLICE = {1: 5, 16: 32}
+
+
+async def measure_round(servers: list[Server], concurrency: int, n: int) -> dict[str, dict[str, Any]]:
+    """One round of ``servers`` (in this order) at ``concurrency``: reset each host's state, run the
+    client once over them all (``n`` responses each, the servers taking turns slice by slice),
+    count what reached each database; each server's figures by variant."""
+    for server in servers:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+            (await http.post("/_bench/reset")).raise_for_status()
+    before = {s.variant: await s.stored() for s in servers}
+    pg_before = {s.variant: await pg_backends(s.pid) for s in servers if on_postgres(s.variant)}
+    spec = {
+        "servers": [{"variant": s.variant, "url": s.url, "pid": s.pid} for s in servers],
+        "concurrency": concurrency,
+        "responses": n,
+        "slice": SLICE.get(concurrency, 2 * concurrency),
+    }
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "benchmarks._host_client",
-        server.url,
-        str(server.pid),
-        str(concurrency),
-        str(n),
+        json.dumps(spec),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         cwd=ROOT,
     )
-    async with asyncio.timeout(600):
+    async with asyncio.timeout(600 * len(servers)):
         out, err = await proc.communicate()
     if proc.returncode != 0:
-        raise RuntimeError(f"the client against {server.variant} failed:\n{err.decode()[-2000:]}")
-    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
-    after = await server.stored()
-    result["stored"] = None if before is None or after is None else after - before
-    if on_postgres(server.variant):
-        pg_after = await pg_backends(server.pid)
-        # A backend that appeared during the run spent all its time on it.
-        result["pg_cpu"] = sum(t - pg_before.get(pid, 0.0) for pid, t in pg_after.items())
-    return result
+        names = ", ".join(s.variant for s in servers)
+        raise RuntimeError(f"the client against {names} failed:\n{err.decode()[-2000:]}")
+    results: dict[str, dict[str, Any]] = json.loads(out.decode().strip().splitlines()[-1])
+    for server in servers:
+        result = results[server.variant]
+        after = await server.stored()
+        was = before[server.variant]
+        result["stored"] = None if was is None or after is None else after - was
+        if on_postgres(server.variant):
+            pg_after = await pg_backends(server.pid)
+            # A backend that appeared during the round spent all its time on it.
+            start = pg_before[server.variant]
+            result["pg_cpu"] = sum(t - start.get(pid, 0.0) for pid, t in pg_after.items())
+    return results
+
+
+async def measure(server: Server, concurrency: int, n: int) -> dict[str, Any]:
+    """``server`` alone for one round (what a profiler attached to it sees)."""
+    return (await measure_round([server], concurrency, n))[server.variant]
 
 
 def p(latencies: list[float], q: int) -> float:
@@ -374,8 +401,9 @@ async def run(sizes: Sizes) -> list[Row]:
             k = rnd % len(variants)
             order = variants[k:] + variants[:k]
             for c in CONCURRENCY:
+                results = await measure_round([running[v] for v in order], c, per_c[c])
                 for v in order:
-                    runs[c][v].append(await measure(running[v], c, per_c[c]))
+                    runs[c][v].append(results[v])
             print(f"    host round {rnd + 1}/{sizes.host_rounds}", file=sys.stderr, flush=True)
     rows: list[Row] = []
     for c in CONCURRENCY:
