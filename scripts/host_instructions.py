@@ -25,6 +25,13 @@ from callgrind's own output (each function's instructions, not those of what it 
 times the SQLite writer thread's work in that thread's CPU time: each statement, each whole
 transaction, and the checkpoints it runs after answering, per response.
 
+``--close-wait`` (no tool, real times, one response at a time) says what each response's end
+waits for: its recorder's ``close()`` (the guard's final flush) returns once the response's last
+batch is written, and the host ends the stream only after it, so at concurrency 1 every response's
+time includes that wait. Step by step in wall-clock time, median and 90th percentile: until the
+writer's cycle begins, serialising, the write (the SQLite thread's transaction and the hand-off to
+it and back, or PostgreSQL's round trips), and the close's return after it.
+
 ``--syscalls`` counts system calls instead, by name (``strace -f -c``, every thread): what a
 variant asks of the kernel per response (the WAL's writes, a thread's wake-up through a futex), the
 part of its CPU time an instruction count does not see. Counts, not times: strace's own slowdown
@@ -35,6 +42,8 @@ changes how often the event loop waits, so ``epoll_wait`` moves a little; the re
     python scripts/host_instructions.py --syscalls --variant guarded --variant sqlite --variant postgres
     python scripts/host_instructions.py --where              # + where the extra instructions run
     python scripts/host_instructions.py --statements --responses 300  # the SQLite writer's statements
+    python scripts/host_instructions.py --close-wait --responses 200  # what a response's end waits for
+    python scripts/host_instructions.py --close-wait --variant postgres --responses 200
     python scripts/host_instructions.py --rusage --responses 300 # no tool: time, faults, blocks, threads
     python scripts/host_instructions.py --rusage --variant sqlite --variant sqlite-store  # + database=
     PYTHONPATH=/other/checkout python scripts/host_instructions.py   # another commit's eventguard
@@ -45,10 +54,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import re
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,12 +79,18 @@ T = TypeVar("T")
 
 
 async def _serve_some(
-    variant: str, n: int, scale: float, rusage: bool = False, statements: bool = False
+    variant: str,
+    n: int,
+    scale: float,
+    rusage: bool = False,
+    statements: bool = False,
+    close_wait: bool = False,
 ) -> None:
     """``n`` streaming responses from ``variant``'s server, one after another, in this process.
     ``rusage``: after ten untimed ones, print what the ``n`` cost the process (:func:`_usage`);
     ``statements``: after ten untimed ones, print what the SQLite writer thread's statements cost
-    (:class:`_StatementClock`)."""
+    (:class:`_StatementClock`); ``close_wait``: after ten untimed ones, print what each response's
+    end waited for (:class:`_CloseWait`)."""
     import httpx
 
     from benchmarks._common import PG_URL
@@ -120,15 +137,24 @@ async def _serve_some(
             httpx.AsyncClient(transport=httpx.ASGITransport(app=server), base_url="http://host") as client,
         ):
 
-            async def serve(k: int) -> None:
+            async def serve(k: int, marks: _CloseWait | None = None) -> None:
                 for _ in range(k):
+                    if marks is not None:
+                        marks.mark("request")
                     async with client.stream("POST", "/responses", json=body) as response:
                         async for _ in response.aiter_lines():
                             pass
+                    if marks is not None:
+                        marks.mark("response")
                 if sink is not None:
                     await sink.flush()
 
-            if statements:
+            if close_wait:
+                await serve(10)  # connections, caches and the schema: first-use costs, not measured
+                with _CloseWait() as waits:
+                    await serve(n, waits)
+                waits.print(variant, n)
+            elif statements:
                 await serve(10)  # connections, caches and the schema: first-use costs, not measured
                 with _StatementClock() as clock:
                     await serve(n)
@@ -221,6 +247,127 @@ class _StatementClock:
                 f"  {'checkpoints, after the answer':36} {sum(self.checkpoints) / n * 1e6:8.1f} us"
                 f"  ({len(self.checkpoints) / n:.2f} x {each * 1e6:.0f} us)"
             )
+
+
+class _CloseWait:
+    """Times what a response's end waits for, in wall-clock time, one response at a time: from the
+    moment the response ended (its recorder told the writer: ``Writer.note_change`` with an ended
+    state) to its recorder's ``close()`` returning (the guard's final flush), in steps: until the
+    writer's next cycle begins, serialising, the rest of the writer's preparation, the write itself
+    (``Committer.apply``: the hand-off to the SQLite thread, its transaction and the way back, or
+    PostgreSQL's round trips) and the close's return after it. The stream's end is sent only after
+    that close, so at concurrency 1 every response's time includes it. It wraps those methods and
+    puts them back on exit."""
+
+    #: The steps, each from the first mark after the one before it (after "ended").
+    STEPS = (
+        ("ended", "cycle", "until the writer's cycle begins"),
+        ("cycle", "serialised", "serialising the events"),
+        ("serialised", "write", "until the write begins"),
+        ("write", "written", "the write"),
+        ("written", "closed", "until the close returns"),
+    )
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[str, float]] = []
+        self._undo: list[Callable[[], None]] = []
+
+    def mark(self, what: str) -> None:
+        self.marks.append((what, time.perf_counter()))
+
+    def __enter__(self) -> _CloseWait:
+        from eventguard.lifecycle import ENDED_STATES
+        from eventguard.sink import collect, commit, recorder, writer
+
+        note_change, cycle = writer.Writer.note_change, writer.Writer.cycle
+        serialise, apply = collect.Collector.serialise, commit.Committer.apply
+        close = recorder.SqlRecorder.close
+
+        def marked_note_change(w: writer.Writer, rec: recorder.SqlRecorder) -> None:
+            if rec.lifecycle.state in ENDED_STATES:
+                self.mark("ended")  # (a response's steps start at its first)
+            note_change(w, rec)
+
+        async def marked_cycle(w: writer.Writer, recorders: Any) -> None:
+            self.mark("cycle")
+            await cycle(w, recorders)
+
+        async def marked_serialise(c: collect.Collector, batches: Any) -> None:
+            await serialise(c, batches)
+            self.mark("serialised")
+
+        async def marked_apply(c: commit.Committer, batches: Any, tally: Any) -> None:
+            self.mark("write")
+            try:
+                await apply(c, batches, tally)
+            finally:
+                self.mark("written")
+
+        async def marked_close(rec: recorder.SqlRecorder) -> None:
+            await close(rec)
+            self.mark("closed")
+
+        wrapped = (
+            (writer.Writer, "note_change", note_change, marked_note_change),
+            (writer.Writer, "cycle", cycle, marked_cycle),
+            (collect.Collector, "serialise", serialise, marked_serialise),
+            (commit.Committer, "apply", apply, marked_apply),
+            (recorder.SqlRecorder, "close", close, marked_close),
+        )
+        for owner, name, original, wrapper in wrapped:
+            setattr(owner, name, wrapper)
+            self._undo.append(functools.partial(setattr, owner, name, original))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for undo in self._undo:
+            undo()
+
+    def steps(self) -> list[dict[str, float]]:
+        """Each response's steps (seconds), from its marks between "request" and "response"."""
+        out: list[dict[str, float]] = []
+        window: list[tuple[str, float]] = []
+        for what, at in self.marks:
+            if what == "request":
+                window = [(what, at)]
+            elif what == "response":
+                found = self._steps([*window, (what, at)])
+                if found is not None:
+                    out.append(found)
+            else:
+                window.append((what, at))
+        return out
+
+    def _steps(self, window: list[tuple[str, float]]) -> dict[str, float] | None:
+        marks = [w for w, _ in window]
+        if "ended" not in marks:
+            return None
+        at: dict[str, float] = {}
+        i = marks.index("ended")
+        at["ended"] = window[i][1]
+        for _, end, _ in self.STEPS:
+            while i < len(window) and window[i][0] != end:
+                i += 1
+            if i == len(window):
+                return None  # a step that did not happen after the end (nothing left to write)
+            at[end] = window[i][1]
+        steps = {label: at[b] - at[a] for a, b, label in self.STEPS}
+        steps["waited in all"] = at["closed"] - at["ended"]
+        steps["the whole response"] = window[-1][1] - window[0][1]
+        return steps
+
+    def print(self, variant: str, n: int) -> None:
+        found = self.steps()
+        print(
+            f"{variant}: what a response's end waits for, wall clock, {len(found)} of {n} responses "
+            "(median, 90th percentile):"
+        )
+        if not found:
+            return
+        for label in [label for _, _, label in self.STEPS] + ["waited in all", "the whole response"]:
+            times = sorted(f[label] for f in found)
+            p90 = times[min(len(times) - 1, int(0.9 * len(times)))]
+            print(f"  {label:34} {statistics.median(times) * 1e3:8.3f} ms  {p90 * 1e3:8.3f} ms")
 
 
 def _usage() -> tuple[resource.struct_rusage, dict[str, tuple[int, int]]]:
@@ -404,17 +551,36 @@ def main() -> int:
         action="store_true",
         help="no tool: the SQLite writer thread's CPU time per statement and transaction, per response",
     )
+    ap.add_argument(
+        "--close-wait",
+        action="store_true",
+        help="no tool: what each response's end waits for (its final flush), step by step, wall clock",
+    )
     ap.add_argument("--one", nargs=2, metavar=("VARIANT", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.responses < 1:
         ap.error("--responses: at least 1")
     if args.one:
-        asyncio.run(_serve_some(args.one[0], int(args.one[1]), args.scale, args.rusage, args.statements))
+        asyncio.run(
+            _serve_some(
+                args.one[0], int(args.one[1]), args.scale, args.rusage, args.statements, args.close_wait
+            )
+        )
+        return 0
+    if args.close_wait:
+        # Every variant checked before any is served: an unusable one is a usage error, not a
+        # failure after minutes of another's measurement.
+        for v in args.variant or ["sqlite"]:
+            if v not in ("sqlite", "postgres", "sqlite-store"):
+                ap.error(f"--close-wait: {v} has no sink to wait for")
+        for v in args.variant or ["sqlite"]:
+            _serve_in_child([], v, args.responses, 1.0, "--close-wait")
         return 0
     if args.statements:
         for v in args.variant or ["sqlite"]:
             if not v.startswith("sqlite"):
                 ap.error(f"--statements: {v} has no SQLite writer thread")
+        for v in args.variant or ["sqlite"]:
             _serve_in_child([], v, args.responses, 1.0, "--statements")
         return 0
     if args.rusage:

@@ -35,6 +35,11 @@ def _load(name: str) -> ModuleType:
         ("host_instructions", ["--statements", "--responses", "0"], "--responses"),
         ("host_instructions", ["--responses", "-3"], "--responses"),
         ("host_instructions", ["--statements", "--variant", "guarded"], "no SQLite writer thread"),
+        # Every variant is checked before the first is served.
+        ("host_instructions", ["--statements", "--variant", "sqlite", "--variant", "guarded"], "guarded"),
+        ("host_instructions", ["--close-wait", "--variant", "unguarded"], "no sink to wait for"),
+        ("host_instructions", ["--close-wait", "--variant", "sqlite", "--variant", "guarded"], "guarded"),
+        ("host_instructions", ["--close-wait", "--responses", "0"], "--responses"),
     ],
 )
 def test_an_unusable_argument_is_a_usage_error_naming_it(
