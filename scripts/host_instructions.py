@@ -149,20 +149,19 @@ async def _serve_some(
                 if sink is not None:
                     await sink.flush()
 
+            if not (close_wait or statements or rusage):
+                await serve(n)  # under a tool: it counts the whole process, warm-up or not
+                return
+            await serve(10)  # connections, caches and the schema: first-use costs, not measured
             if close_wait:
-                await serve(10)  # connections, caches and the schema: first-use costs, not measured
                 with _CloseWait() as waits:
                     await serve(n, waits)
                 waits.print(variant, n)
             elif statements:
-                await serve(10)  # connections, caches and the schema: first-use costs, not measured
                 with _StatementClock() as clock:
                     await serve(n)
                 clock.print(variant, n)
-            elif not rusage:
-                await serve(n)
             else:
-                await serve(10)  # connections, caches and the schema: first-use costs, not measured
                 before = _usage()
                 await serve(n)
                 _print_usage(variant, n, before, _usage())
@@ -176,17 +175,38 @@ async def _serve_some(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-class _StatementClock:
+class _Wrapping:
+    """What the two clocks below share: functions of the library replaced by timed wrappers while
+    in use (``with``), the originals put back on exit."""
+
+    def __init__(self) -> None:
+        self._undo: list[Callable[[], None]] = []
+
+    def _wrap(self, owner: object, name: str, wrapper: Callable[..., Any]) -> Any:
+        """Put ``wrapper`` in the place of ``owner.name`` (a method or a module function) until
+        exit; the original."""
+        original = getattr(owner, name)
+        setattr(owner, name, wrapper)
+        self._undo.append(functools.partial(setattr, owner, name, original))
+        return original
+
+    def __exit__(self, *exc: object) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+
+
+class _StatementClock(_Wrapping):
     """Times the SQLite writer thread's work in that thread's CPU time (``time.thread_time``), while
     in use: each statement by its first words, each whole transaction, and the checkpoints the
     thread runs after answering. It wraps the thread's functions (the module's, for every thread)
     and puts them back on exit."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.statements: dict[str, list[float]] = {}
         self.transactions: list[float] = []
         self.checkpoints: list[float] = []
-        self._undo: list[Callable[[], None]] = []
 
     def __enter__(self) -> _StatementClock:
         from eventguard.sql import sqlite_thread
@@ -215,20 +235,11 @@ class _StatementClock:
             if thread.checkpoints != before:
                 self.checkpoints.append(time.thread_time() - t)
 
-        # setattr: the wrappers take the place of methods and of a module function, for a while.
-        setattr(sqlite_thread.SqliteConnection, "run", timed_run)  # noqa: B010
-        setattr(sqlite_thread, "_in_transaction", timed_transaction)  # noqa: B010
-        setattr(sqlite_thread.SqliteThread, "_checkpoint_if_due", timed_checkpoint)  # noqa: B010
-        self._undo = [
-            lambda: setattr(sqlite_thread.SqliteConnection, "run", run),
-            lambda: setattr(sqlite_thread, "_in_transaction", in_transaction),
-            lambda: setattr(sqlite_thread.SqliteThread, "_checkpoint_if_due", checkpoint),
-        ]
+        # The wrappers take the place of methods and of a module function, for a while.
+        self._wrap(sqlite_thread.SqliteConnection, "run", timed_run)
+        self._wrap(sqlite_thread, "_in_transaction", timed_transaction)
+        self._wrap(sqlite_thread.SqliteThread, "_checkpoint_if_due", timed_checkpoint)
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        for undo in self._undo:
-            undo()
 
     def print(self, variant: str, n: int) -> None:
         print(f"{variant}: the SQLite writer thread's CPU time per response, {n} responses:")
@@ -249,7 +260,7 @@ class _StatementClock:
             )
 
 
-class _CloseWait:
+class _CloseWait(_Wrapping):
     """Times what a response's end waits for, in wall-clock time, one response at a time: from the
     moment the response ended (its recorder told the writer: ``Writer.note_change`` with an ended
     state) to its recorder's ``close()`` returning (the guard's final flush), in steps: until the
@@ -269,8 +280,8 @@ class _CloseWait:
     )
 
     def __init__(self) -> None:
+        super().__init__()
         self.marks: list[tuple[str, float]] = []
-        self._undo: list[Callable[[], None]] = []
 
     def mark(self, what: str) -> None:
         self.marks.append((what, time.perf_counter()))
@@ -307,21 +318,12 @@ class _CloseWait:
             await close(rec)
             self.mark("closed")
 
-        wrapped = (
-            (writer.Writer, "note_change", note_change, marked_note_change),
-            (writer.Writer, "cycle", cycle, marked_cycle),
-            (collect.Collector, "serialise", serialise, marked_serialise),
-            (commit.Committer, "apply", apply, marked_apply),
-            (recorder.SqlRecorder, "close", close, marked_close),
-        )
-        for owner, name, original, wrapper in wrapped:
-            setattr(owner, name, wrapper)
-            self._undo.append(functools.partial(setattr, owner, name, original))
+        self._wrap(writer.Writer, "note_change", marked_note_change)
+        self._wrap(writer.Writer, "cycle", marked_cycle)
+        self._wrap(collect.Collector, "serialise", marked_serialise)
+        self._wrap(commit.Committer, "apply", marked_apply)
+        self._wrap(recorder.SqlRecorder, "close", marked_close)
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        for undo in self._undo:
-            undo()
 
     def steps(self) -> list[dict[str, float]]:
         """Each response's steps (seconds), from its marks between "request" and "response"."""
@@ -567,21 +569,20 @@ def main() -> int:
             )
         )
         return 0
-    if args.close_wait:
+    for flag, wanted, usable, lacks in (
+        ("--close-wait", args.close_wait, {"sqlite", "postgres", "sqlite-store"}, "no sink to wait for"),
+        ("--statements", args.statements, {"sqlite", "sqlite-store"}, "no SQLite writer thread"),
+    ):
+        if not wanted:
+            continue
+        variants = args.variant or ["sqlite"]
         # Every variant checked before any is served: an unusable one is a usage error, not a
         # failure after minutes of another's measurement.
-        for v in args.variant or ["sqlite"]:
-            if v not in ("sqlite", "postgres", "sqlite-store"):
-                ap.error(f"--close-wait: {v} has no sink to wait for")
-        for v in args.variant or ["sqlite"]:
-            _serve_in_child([], v, args.responses, 1.0, "--close-wait")
-        return 0
-    if args.statements:
-        for v in args.variant or ["sqlite"]:
-            if not v.startswith("sqlite"):
-                ap.error(f"--statements: {v} has no SQLite writer thread")
-        for v in args.variant or ["sqlite"]:
-            _serve_in_child([], v, args.responses, 1.0, "--statements")
+        for v in variants:
+            if v not in usable:
+                ap.error(f"{flag}: {v} has {lacks}")
+        for v in variants:
+            _serve_in_child([], v, args.responses, 1.0, flag)
         return 0
     if args.rusage:
         # One process per variant, one after another (a thread's figures are its process's).
