@@ -60,10 +60,17 @@ def resolve_url(url: str | URL | None) -> URL:
     """The argument, else ``EVENTGUARD_DATABASE_URL``, else an SQLite file in the working directory.
 
     Plain driver names are upgraded to their async drivers, so ``postgresql://`` and
-    ``sqlite:///x.db`` copied from elsewhere work as written.
+    ``sqlite:///x.db`` copied from elsewhere work as written. A string the CLI would refuse (a
+    control or invisible character, a password with an unencoded ``@``, which the parser reads
+    into the host) is refused here too, with a ``ValueError`` that quotes none of its secrets:
+    taken as written it names a host or a file nobody meant, and a sink would spool for ever.
     """
     if url is None:
         url = os.environ.get(ENV_URL) or f"sqlite+aiosqlite:///{DEFAULT_SQLITE_FILE}"
+    if isinstance(url, str):
+        problem = url_problem(url)
+        if problem is not None:
+            raise ValueError(f"bad database URL {safe_url(url)!r}: {problem}")
     parsed = _parse(url) if isinstance(url, str) else url
     backend = parsed.get_backend_name()
     driver = parsed.get_driver_name()
