@@ -292,7 +292,8 @@ def url_problem(raw: str) -> str | None:
     for ch in raw:
         if not ch.isprintable():
             shown = ch.encode("unicode_escape").decode("ascii")
-            return f"it contains a control or invisible character ({shown}): a stray newline at the end?"
+            hint = ": a stray newline at the end?" if ch in "\r\n" else ""
+            return f"it contains a control or invisible character ({shown}){hint}"
     _scheme, sep, rest = raw.partition("://")
     if not sep:
         return None
