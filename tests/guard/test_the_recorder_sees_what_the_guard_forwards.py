@@ -118,3 +118,29 @@ async def test_strict_mode_error_still_ends_the_lifecycle() -> None:
                 pass
     assert g.lifecycle.state is State.FAILED
     assert sink.recorders[0].closed_with is State.FAILED
+
+
+@dataclass
+class DeltaObject:
+    """An event object rather than a dict (the slow path's first step), of a type the hot path forwards."""
+
+    type: str
+    delta: str
+
+
+async def test_the_recorders_indices_are_ints_counted_without_a_gap_past_the_small_int_cache() -> None:
+    """The hot loop counts in a float (cheaper per event); what it hands on is an int, every time:
+    the recorder's index, and the lifecycle's count, past 256 and across the slow path's steps."""
+    sink = MemorySink()
+    events: list[Any] = stream_events(600)
+    for i in range(5, len(events) - 1, 97):
+        events[i] = DeltaObject(events[i]["type"], events[i]["delta"])
+    async with asyncio.timeout(10):
+        g = guard(Scripted(events), asyncio.Event(), sink=sink)
+        out = [e async for e in g]
+    (rec,) = sink.recorders
+    indices = [i for i, _, _ in rec.events]
+    assert indices == list(range(len(out))) and len(out) == len(events)
+    assert {type(i) for i in indices} == {int}
+    assert [e for _, _, e in rec.events] == out
+    assert type(g.lifecycle.events_forwarded) is int and g.lifecycle.events_forwarded == len(out)
