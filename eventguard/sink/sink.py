@@ -50,7 +50,8 @@ class SqlSink:
 
     :param url: an SQLAlchemy URL (``sqlite:///x.db``, ``postgresql://...``; plain driver names are
         upgraded to aiosqlite and asyncpg); default ``EVENTGUARD_DATABASE_URL``, else
-        ``./eventguard.db``. Not with ``engine``.
+        ``./eventguard.db``. Not with ``engine``. One with a control or invisible character, or a
+        password with an unencoded ``@``, raises ``ValueError`` (saying which, quoting no secret).
     :param engine: the application's own ``AsyncEngine`` instead of a URL: on PostgreSQL (asyncpg)
         the sink takes its connections from that engine's pool, on SQLite it opens its own to the
         same file (see :func:`eventguard.sql.engine.borrow_engine`); either way it never closes or
