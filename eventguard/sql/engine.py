@@ -67,10 +67,6 @@ def resolve_url(url: str | URL | None) -> URL:
     """
     if url is None:
         url = os.environ.get(ENV_URL) or f"sqlite+aiosqlite:///{DEFAULT_SQLITE_FILE}"
-    if isinstance(url, str):
-        problem = url_problem(url)
-        if problem is not None:
-            raise ValueError(f"bad database URL {safe_url(url)!r}: {problem}")
     parsed = _parse(url) if isinstance(url, str) else url
     backend = parsed.get_backend_name()
     driver = parsed.get_driver_name()
@@ -99,14 +95,15 @@ MASK = "***"
 
 def _parse(url: str) -> URL:
     """``make_url``, with errors that never quote the string (the parser's may: a bad port, or the
-    whole URL on older SQLAlchemy releases)."""
+    whole URL on older SQLAlchemy releases). What :func:`url_problem` finds (a bad port among
+    them: it asks the parser) is a ``ValueError`` in its words, as the CLI says it."""
+    problem = url_problem(url)
+    if problem is not None:
+        raise ValueError(f"bad database URL {safe_url(url)!r}: {problem}")
     try:
         return make_url(url)
     except ArgumentError:
         raise ArgumentError(f"not a database URL: {safe_url(url)!r}") from None
-    except ValueError:
-        why = url_problem(url) or "it cannot be parsed"
-        raise ValueError(f"bad database URL {safe_url(url)!r}: {why}") from None
 
 
 def safe_url(url: URL | str) -> str:

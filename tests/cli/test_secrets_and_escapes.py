@@ -242,15 +242,19 @@ def test_reprs_hide_the_secret(case: str, tmp_path: Path) -> None:
         asyncio.run(store.aclose())
 
 
+def _url_takers(tmp_path: Path) -> list[Callable[[str | None], object]]:
+    """Every public class that takes a database URL (None: ``EVENTGUARD_DATABASE_URL``)."""
+    return [
+        lambda u: SqlSink(u, spool_path=tmp_path / "spool.jsonl"),
+        lambda u: ResponseStore(u),
+        lambda u: SqlResponseProvider(u),
+    ]
+
+
 @pytest.mark.parametrize("case", sorted(UNPARSEABLE))
 def test_refused_urls_are_not_quoted(case: str, tmp_path: Path) -> None:
     s = secret()
-    makers: list[Callable[[str], object]] = [
-        lambda u: SqlSink(u, spool_path=tmp_path / "spool.jsonl"),
-        ResponseStore,
-        SqlResponseProvider,
-    ]
-    for make in makers:
+    for make in _url_takers(tmp_path):
         with pytest.raises((ValueError, ArgumentError)) as caught:
             make(URLS[case](s))
         assert s not in str(caught.value) and s not in repr(caught.value)
@@ -276,12 +280,7 @@ def test_the_library_refuses_a_url_the_cli_refuses_before_anything_connects(
     s = secret()
     url = URLS[case](s)
     monkeypatch.delenv(_db.ENV_URL, raising=False)
-    makers: list[Callable[[str | None], object]] = [
-        lambda u: SqlSink(u, spool_path=tmp_path / "spool.jsonl"),
-        lambda u: ResponseStore(u),
-        lambda u: SqlResponseProvider(u),
-    ]
-    for make in makers:
+    for make in _url_takers(tmp_path):
         with pytest.raises(ValueError, match=re.escape(says) + "$") as caught:
             make(url)
         assert s not in str(caught.value)
