@@ -20,6 +20,7 @@ from importlib.metadata import version as _version
 
 from eventguard.decision import Decision, Ending, Flags, Forward, decide
 from eventguard.errors import (
+    BadDatabaseURL,
     EventGuardError,
     GuardAlreadyUsed,
     GuardOutsideLoop,
@@ -118,6 +119,7 @@ __all__ = [
     "AnomalyKind",
     "AnomalyRecord",
     "Attempt",
+    "BadDatabaseURL",
     "Cause",
     "Decision",
     "Ending",

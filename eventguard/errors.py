@@ -12,6 +12,7 @@ An error that is also a misuse of Python's own kind derives from that builtin to
     ├── GuardAlreadyUsed        (also RuntimeError) a guard iterated or entered a second time
     ├── GuardOutsideLoop        (also RuntimeError) a guard built or stepped outside its event loop
     ├── SinkLoopError           (also RuntimeError) an SqlSink used from two event loops at once
+    ├── BadDatabaseURL          (also ValueError) a database URL that cannot be used as written
     └── StorageError            the database: eventguard's storage errors
         ├── SchemaMismatchError the database's schema is not the one this version writes
         ├── InvalidQueryError   (also ValueError) a query argument the store cannot use
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from eventguard.lifecycle import State
 
 __all__ = [
+    "BadDatabaseURL",
     "EventGuardError",
     "GuardAlreadyUsed",
     "GuardOutsideLoop",
@@ -94,6 +96,21 @@ class SinkLoopError(EventGuardError, RuntimeError):
     One sink serves several event loops one after the other (each gets its own writer and
     engine), not at the same time: create one SqlSink per event loop.
     """
+
+
+class BadDatabaseURL(EventGuardError, ValueError):
+    """A database URL that cannot be used as written: a control or invisible character in it (a
+    newline from an env file), a password with an unencoded ``@`` (the parser reads the rest of it
+    into the host), a port that is not a number.
+
+    ``shown`` is the URL as :func:`eventguard.sql.engine.safe_url` shows it (no secret);
+    ``problem`` says what is wrong in words that quote none of it. The message is both.
+    """
+
+    def __init__(self, shown: str, problem: str) -> None:
+        super().__init__(f"bad database URL {shown!r}: {problem}")
+        self.shown = shown
+        self.problem = problem
 
 
 class StorageError(EventGuardError):

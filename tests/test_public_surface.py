@@ -36,6 +36,7 @@ EXPORTED = [
     "AnomalyKind",
     "AnomalyRecord",
     "Attempt",
+    "BadDatabaseURL",
     "Cause",
     "Decision",
     "Ending",

@@ -31,7 +31,7 @@ from sqlalchemy.exc import ArgumentError
 from typer.core import TyperGroup
 
 from eventguard._text import printable as printable  # the one escaper, re-exported for the commands
-from eventguard.errors import EventGuardError, SchemaMismatchError
+from eventguard.errors import BadDatabaseURL, EventGuardError, SchemaMismatchError
 from eventguard.lifecycle import State
 from eventguard.sql import engine as _db
 from eventguard.sql import migrate as _migrate
@@ -126,15 +126,13 @@ def resolve(url: str | None, schema: str | None = None) -> URL:
 def _resolve(url: str | None) -> URL:
     remember_secrets(url)
     raw = url if url is not None else os.environ.get(_db.ENV_URL) or None
-    if raw is not None:
-        problem = _db.url_problem(raw)
-        if problem is not None:
-            fail(f"bad database URL {quoted(_db.safe_url(raw))}: {problem}")
     try:
         return _db.resolve_url(url)
+    except BadDatabaseURL as exc:  # a control character, an unencoded '@', a bad port: said in its words
+        fail(f"bad database URL {quoted(exc.shown)}: {exc.problem}")
     except ArgumentError:
         reason = "not a database URL (expected e.g. sqlite:///eventguard.db or postgresql://host/db)"
-    except ValueError as exc:  # ours ("unsupported database ..."), or the parser's on a bad port
+    except ValueError as exc:  # ours ("unsupported database ..."), or the parser's
         text = str(exc)
         reason = text if text.startswith("unsupported database") else "cannot read it as a URL"
     fail(f"bad database URL {quoted(_db.safe_url(raw or ''))}: {reason}")

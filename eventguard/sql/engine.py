@@ -41,6 +41,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool, NullPool
 
+from eventguard.errors import BadDatabaseURL
 from eventguard.sql.sqlite_thread import SqliteThread
 
 #: Awaits a coroutine from SQLAlchemy's sync code on an async engine (inside its greenlet):
@@ -62,8 +63,9 @@ def resolve_url(url: str | URL | None) -> URL:
     Plain driver names are upgraded to their async drivers, so ``postgresql://`` and
     ``sqlite:///x.db`` copied from elsewhere work as written. A string the CLI would refuse (a
     control or invisible character, a password with an unencoded ``@``, which the parser reads
-    into the host) is refused here too, with a ``ValueError`` that quotes none of its secrets:
-    taken as written it names a host or a file nobody meant, and a sink would spool for ever.
+    into the host) is refused here too, with a :class:`~eventguard.errors.BadDatabaseURL` (a
+    ``ValueError``) that quotes none of its secrets: taken as written it names a host or a file
+    nobody meant, and a sink would spool for ever.
     """
     if url is None:
         url = os.environ.get(ENV_URL) or f"sqlite+aiosqlite:///{DEFAULT_SQLITE_FILE}"
@@ -96,10 +98,11 @@ MASK = "***"
 def _parse(url: str) -> URL:
     """``make_url``, with errors that never quote the string (the parser's may: a bad port, or the
     whole URL on older SQLAlchemy releases). What :func:`url_problem` finds (a bad port among
-    them: it asks the parser) is a ``ValueError`` in its words, as the CLI says it."""
+    them: it asks the parser) is a :class:`~eventguard.errors.BadDatabaseURL` in its words, which the
+    CLI shows as they are."""
     problem = url_problem(url)
     if problem is not None:
-        raise ValueError(f"bad database URL {safe_url(url)!r}: {problem}")
+        raise BadDatabaseURL(safe_url(url), problem)
     try:
         return make_url(url)
     except ArgumentError:

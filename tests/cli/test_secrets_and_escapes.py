@@ -29,7 +29,7 @@ from sqlalchemy import insert, text, update
 from sqlalchemy.exc import ArgumentError
 from typer.testing import CliRunner
 
-from eventguard import ResponseInfo, ResponseStore, SqlResponseProvider, guard
+from eventguard import BadDatabaseURL, ResponseInfo, ResponseStore, SqlResponseProvider, guard
 from eventguard.cli import _common, app
 from eventguard.sink import SqlSink
 from eventguard.sql import engine as _db
@@ -276,20 +276,51 @@ def test_the_library_refuses_a_url_the_cli_refuses_before_anything_connects(
     """A password with an unencoded '@' leaves part of it in the host, where a resolver (and
     asyncio's debug log) would see it, and a sink would spool against a host that cannot exist:
     the library says what is wrong at once, as the CLI does, from the argument and from
-    EVENTGUARD_DATABASE_URL alike. Only a newline is taken for a stray one at the end."""
+    EVENTGUARD_DATABASE_URL alike, as a BadDatabaseURL (a ValueError) whose fields say what the
+    message says. Only a newline is taken for a stray one at the end."""
     s = secret()
     url = URLS[case](s)
     monkeypatch.delenv(_db.ENV_URL, raising=False)
     for make in _url_takers(tmp_path):
-        with pytest.raises(ValueError, match=re.escape(says) + "$") as caught:
+        with pytest.raises(BadDatabaseURL, match=re.escape(says) + "$") as caught:
             make(url)
-        assert s not in str(caught.value)
+        refused = caught.value
+        assert isinstance(refused, ValueError) and refused.problem == says
+        assert str(refused) == f"bad database URL {refused.shown!r}: {says}"
+        assert s not in str(refused) and s not in refused.shown
         if case not in NO_ENV:
             monkeypatch.setenv(_db.ENV_URL, url)
-            with pytest.raises(ValueError, match=re.escape(says) + "$"):
+            with pytest.raises(BadDatabaseURL, match=re.escape(says) + "$"):
                 make(None)
             monkeypatch.delenv(_db.ENV_URL)
     assert not (tmp_path / "spool.jsonl").exists()
+
+
+def test_the_cli_checks_a_url_once_and_says_what_the_library_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI has no check of its own beside the library's: resolving a URL checks it once, and
+    the error shows BadDatabaseURL's own problem and shown URL, so the two cannot drift apart."""
+    s = secret()
+    checks: list[str] = []
+    real = _db.url_problem
+
+    def counted(raw: str) -> str | None:
+        checks.append(raw)
+        return real(raw)
+
+    monkeypatch.setattr(_db, "url_problem", counted)
+    for case in ("unencoded-at", "newline", "bad-port"):
+        with pytest.raises(BadDatabaseURL) as refused:
+            _db.resolve_url(URLS[case](s))
+        checks.clear()
+        with pytest.raises(_common.CliError) as said:
+            _common.resolve(URLS[case](s))
+        assert len(checks) == 1, (case, len(checks))
+        line = str(said.value)
+        assert line == f"bad database URL {_common.quoted(refused.value.shown)}: {refused.value.problem}"
+        assert s not in line
+    checks.clear()
+    _common.resolve(URLS["userinfo"](s))  # a good URL passes the same one check
+    assert len(checks) == 1, len(checks)
 
 
 @pytest.mark.parametrize("case", sorted(set(URLS) - UNPARSEABLE - {"sqlite-query"}))
