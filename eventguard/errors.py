@@ -25,7 +25,7 @@ None of them needs SQLAlchemy: importing this module is cheap.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from eventguard.lifecycle import State
@@ -51,6 +51,12 @@ class EventGuardError(Exception):
     """Base class of every error eventguard raises on purpose."""
 
 
+def _rebuilt(cls: type[EventGuardError], args: tuple[Any, ...], kwargs: dict[str, Any]) -> EventGuardError:
+    """An error of ``cls`` made again from its own arguments: how one whose ``__init__`` takes
+    fields, not the message, comes back from ``pickle`` (another process, a result queue)."""
+    return cls(*args, **kwargs)
+
+
 # -- the guard and its lifecycle ---------------------------------------------------------------
 
 
@@ -66,6 +72,9 @@ class IllegalTransition(EventGuardError):
         self.to_state = to_state
         self.reason = reason
         super().__init__(f"illegal lifecycle transition {from_state.value} -> {to_state.value}: {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuilt, (type(self), (self.from_state, self.to_state, self.reason), {})
 
 
 class InvalidEvent(EventGuardError):
@@ -112,6 +121,9 @@ class BadDatabaseURL(EventGuardError, ValueError):
         self.shown = shown
         self.problem = problem
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuilt, (type(self), (self.shown, self.problem), {})
+
 
 class StorageError(EventGuardError):
     """Base class for eventguard's database errors."""
@@ -131,6 +143,10 @@ class SchemaMismatchError(StorageError):
         self.current = current
         self.expected = expected
         self.command = command
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = {"current": self.current, "expected": self.expected, "command": self.command}
+        return _rebuilt, (type(self), self.args, fields)
 
 
 class InvalidQueryError(StorageError, ValueError):

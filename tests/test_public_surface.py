@@ -308,3 +308,31 @@ def test_every_public_constructor_documents_each_of_its_parameters(name: str, cl
         if p not in ("self", "args", "kwargs") and not re.search(rf"\b{re.escape(p)}\b", doc)
     ]
     assert not unnamed, f"{name}'s docstring does not name {unnamed}"
+
+
+#: The errors whose ``__init__`` takes fields rather than the message, built as eventguard builds them.
+_FIELD_ERRORS: dict[str, BaseException] = {
+    "IllegalTransition": eventguard.IllegalTransition(
+        eventguard.State.COMPLETED, eventguard.State.IN_PROGRESS, "after the terminal"
+    ),
+    "SchemaMismatchError": eventguard.SchemaMismatchError(
+        "the database is at 0007", current=("0007",), expected=("0008",), command="eventguard db upgrade"
+    ),
+    "BadDatabaseURL": eventguard.BadDatabaseURL(
+        "postgresql://***", "it contains a control or invisible character (\\x00)"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", eventguard.errors.__all__)
+def test_every_public_error_comes_back_from_pickle_with_its_fields(name: str) -> None:
+    """An error sent to another process (a pool's result, a queue) arrives whole: its type, its
+    message and each field it was built with; one that takes fields failed to unpickle before."""
+    import pickle
+
+    cls = getattr(eventguard.errors, name)
+    error = _FIELD_ERRORS.get(name) or cls("what went wrong")
+    assert type(error) is cls
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is cls and str(back) == str(error) and back.args == error.args
+    assert vars(back) == vars(error)
