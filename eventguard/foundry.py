@@ -132,6 +132,18 @@ class GuardedResponses:
         replicas: ReplicaOptions | None = _UNSET,
         **kwargs: Any,
     ) -> None:
+        #: The options of every guard of this server (``recoverable`` is set per response).
+        self._eventguard_options = GuardOptions(
+            on_cancel=self.eventguard_on_cancel if on_cancel is _UNSET else on_cancel,
+            cancel_grace=self.eventguard_cancel_grace if cancel_grace is _UNSET else cancel_grace,
+            keep_shutdown_completion=(
+                self.eventguard_keep_shutdown_completion
+                if keep_shutdown_completion is _UNSET
+                else keep_shutdown_completion
+            ),
+        )
+        # Checked now, before anything is built: a bad one would otherwise fail every request's guard.
+        self._eventguard_options.check()
         if database is _UNSET:
             database = self.eventguard_database
         if replicas is _UNSET:
@@ -159,16 +171,6 @@ class GuardedResponses:
                 sessions = self.eventguard_storage.sessions(database, schema, migrate)
                 kwargs["agent_session_store_provider"] = sessions
         self._eventguard_sink: Sink | None = self.eventguard_sink if sink is _UNSET else sink
-        #: The options of every guard of this server (``recoverable`` is set per response).
-        self._eventguard_options = GuardOptions(
-            on_cancel=self.eventguard_on_cancel if on_cancel is _UNSET else on_cancel,
-            cancel_grace=self.eventguard_cancel_grace if cancel_grace is _UNSET else cancel_grace,
-            keep_shutdown_completion=(
-                self.eventguard_keep_shutdown_completion
-                if keep_shutdown_completion is _UNSET
-                else keep_shutdown_completion
-            ),
-        )
         self._eventguard_on_guard = on_guard
         self._eventguard_guards: OrderedDict[str, Guard] = OrderedDict()
         #: Set once the process begins shutting down (cleared when the app starts). The host tells

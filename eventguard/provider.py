@@ -97,6 +97,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from eventguard import _arguments as arguments
 from eventguard.envelopes import ENCODED_ID, ProviderStorageError
 from eventguard.envelopes import decode_id as _dec_id
 from eventguard.envelopes import dump as _dump
@@ -295,6 +296,11 @@ class SqlResponseProvider:
         busy_timeout: float = 30.0,
         connect_timeout: float = 10.0,
     ) -> None:
+        _db.valid_schema(schema)
+        auto_migrate = arguments.flag("auto_migrate", auto_migrate, none=True)
+        statement_timeout = arguments.seconds("statement_timeout", statement_timeout, zero=False, none=True)
+        busy_timeout = arguments.seconds("busy_timeout", busy_timeout)
+        connect_timeout = arguments.seconds("connect_timeout", connect_timeout, zero=False)
         if isinstance(url, AsyncEngine):
             self._engine: AsyncEngine | None = url
             self._owns_engine = False

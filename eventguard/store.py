@@ -15,6 +15,7 @@ from sqlalchemy import ColumnElement, Select, delete, func, select, tuple_, upda
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from eventguard import _arguments as arguments
 from eventguard.errors import InvalidQueryError
 from eventguard.records import (
     AgentSessionRecord,
@@ -64,6 +65,9 @@ class ResponseStore:
         pooler_safe: bool = False,
         busy_timeout: float = 30.0,
     ) -> None:
+        pooler_safe = arguments.flag("pooler_safe", pooler_safe)
+        busy_timeout = arguments.seconds("busy_timeout", busy_timeout)
+        _db.valid_schema(schema)
         if engine is not None:
             if url is not None:
                 raise ValueError("give ResponseStore a url or an engine, not both")

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from eventguard import _arguments as arguments
+
 __all__ = ["GuardOptions"]
 
 
@@ -39,5 +41,8 @@ class GuardOptions:
         """Refuse values the guard cannot work with (called when a guard is built)."""
         if self.on_cancel not in ("omit", "emit"):
             raise ValueError(f"on_cancel must be 'omit' or 'emit', not {self.on_cancel!r}")
-        if self.cancel_grace is not None and self.cancel_grace < 0:
-            raise ValueError("cancel_grace must be None or >= 0")
+        arguments.seconds("cancel_grace", self.cancel_grace, none=True)
+        arguments.seconds("flush_timeout", self.flush_timeout)
+        arguments.flag("keep_shutdown_completion", self.keep_shutdown_completion)
+        arguments.flag("strict", self.strict)
+        arguments.flag("recoverable", self.recoverable, none=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from eventguard import _arguments as arguments
+
 
 @dataclasses.dataclass(frozen=True)
 class ReplicaOptions:
@@ -41,10 +43,14 @@ class ReplicaOptions:
     settle_wait: float | None = None
 
     def __post_init__(self) -> None:
-        if not self.lease > 0:
-            raise ValueError(f"lease must be > 0 seconds, not {self.lease!r}")
-        if self.settle_wait is not None and not self.settle_wait >= 0:  # NaN too
-            raise ValueError(f"settle_wait must be >= 0 seconds or None, not {self.settle_wait!r}")
+        # Each checked here, naming it: a nan or a string would fail later, in a background task.
+        arguments.seconds("lease", self.lease, zero=False)
+        arguments.seconds("heartbeat", self.heartbeat, zero=False, none=True)
+        arguments.seconds("reap_every", self.reap_every, zero=False, none=True)
+        arguments.fraction("jitter", self.jitter)
+        arguments.seconds("cancel_poll", self.cancel_poll, zero=False)
+        arguments.seconds("cancel_wait", self.cancel_wait)
+        arguments.seconds("settle_wait", self.settle_wait, none=True)
         if self.reap_policy not in ("failed", "interrupted"):
             raise ValueError(f"reap_policy must be 'failed' or 'interrupted', not {self.reap_policy!r}")
         if self.identity is not None:

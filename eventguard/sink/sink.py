@@ -24,6 +24,7 @@ from typing import Literal, TypeAlias
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from eventguard import _arguments as arguments
 from eventguard import telemetry
 from eventguard.lifecycle import Lifecycle
 from eventguard.sink import quarantine
@@ -91,7 +92,9 @@ class SqlSink:
     :param owner: this sink's name in the rows it writes (the ``owner`` column); default
         ``host:pid:random``.
 
-    The options are read once, here: the writer keeps them.
+    The options are read once, here: the writer keeps them. Each is checked here too: a wrong type
+    is a ``TypeError`` and a value out of range (a negative or ``nan`` duration, a count below 1) a
+    ``ValueError``, each naming the argument.
     """
 
     def __init__(
@@ -119,6 +122,21 @@ class SqlSink:
     ) -> None:
         if on_full != "spool":
             raise ValueError("on_full must be 'spool'")
+        # Each setting checked here, naming it: wrong, it would fail later inside a stream.
+        flush_every = arguments.count("flush_every", flush_every)
+        flush_interval = arguments.seconds("flush_interval", flush_interval)
+        max_buffered = arguments.count("max_buffered", max_buffered)
+        max_payload_bytes = arguments.count("max_payload_bytes", max_payload_bytes)
+        close_timeout = arguments.seconds("close_timeout", close_timeout, zero=False)
+        busy_timeout = arguments.seconds("busy_timeout", busy_timeout)
+        statement_timeout = arguments.seconds("statement_timeout", statement_timeout, zero=False, none=True)
+        connect_timeout = arguments.seconds("connect_timeout", connect_timeout, zero=False)
+        pooler_safe = arguments.flag("pooler_safe", pooler_safe)
+        auto_migrate = arguments.flag("auto_migrate", auto_migrate, none=True)
+        _db.valid_schema(schema)
+        arguments.text("owner", owner)
+        arguments.callable_or_none("predicate", predicate)
+        arguments.callable_or_none("redact", redact)
         if engine is not None:
             if url is not None:
                 raise ValueError("give SqlSink a url or an engine, not both")
@@ -129,7 +147,7 @@ class SqlSink:
         self.schema = schema
         self.filter = EventFilter(events, predicate)
         self.redact = redact
-        self.flush_every = max(1, flush_every)
+        self.flush_every = flush_every
         self.flush_interval = flush_interval
         self.max_buffered = max_buffered
         self.max_payload_bytes = max_payload_bytes

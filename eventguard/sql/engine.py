@@ -19,6 +19,7 @@ from urllib.parse import quote, quote_plus, unquote, unquote_plus
 import aiosqlite
 import orjson
 from sqlalchemy import event, util
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, make_url
 
 # Private: these are the names the rest of eventguard (sink, store, cli, demo, migrations) uses.
@@ -32,10 +33,12 @@ __all__ = [
     "resolve_url",
     "safe_url",
     "scrub",
+    "search_path",
     "sqlite_path",
     "sqlite_writer",
     "url_problem",
     "url_secrets",
+    "valid_schema",
 ]
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -356,6 +359,39 @@ class PreSerialised(str):
     __slots__ = ()
 
 
+def valid_schema(schema: object) -> str | None:
+    """``schema=`` as given, if PostgreSQL can name a schema so: a ``str`` of 1 to 63 bytes of
+    UTF-8 with no NUL (None: the connection's own ``search_path``). PostgreSQL cuts a longer name to
+    63 bytes without a word (two schemas would meet in one), cannot take a NUL, and a lone surrogate
+    cannot be sent at all (the driver failed inside its own startup)."""
+    if schema is None:
+        return None
+    if not isinstance(schema, str):
+        raise TypeError(f"schema must be a str or None, not {type(schema).__name__}")
+    try:
+        size = len(schema.encode("utf-8"))
+    except UnicodeEncodeError:
+        size = -1
+    if not 0 < size <= _NAME_BYTES or "\x00" in schema:
+        raise ValueError(
+            f"schema must be a PostgreSQL name: 1 to {_NAME_BYTES} bytes of UTF-8, no NUL, no lone "
+            f"surrogate (got {len(schema)} characters)"
+        )
+    return schema
+
+
+def search_path(schema: str) -> str:
+    """``schema`` as a ``search_path`` setting: quoted where PostgreSQL would read it otherwise, as
+    the offline migration script and a borrowed engine write it. Unquoted, ``Ab`` named the schema
+    ``ab``, and ``a, public`` a list of two, where tables could land in ``public``."""
+    return _PG_PREPARER.quote_schema(valid_schema(schema) or "")
+
+
+#: PostgreSQL's longest name, in bytes (NAMEDATALEN - 1).
+_NAME_BYTES = 63
+_PG_PREPARER = postgresql.dialect().identifier_preparer  # type: ignore[no-untyped-call]
+
+
 def create_engine(
     url: URL,
     *,
@@ -408,7 +444,7 @@ def create_engine(
     # application_name shows who holds a connection in pg_stat_activity.
     settings = {"application_name": application_name[:63]}
     if schema is not None:
-        settings["search_path"] = schema
+        settings["search_path"] = search_path(schema)
     connect_args: dict[str, Any] = {"timeout": connect_timeout, "server_settings": settings}
     if statement_timeout is not None:
         # A statement stuck behind a lock, or on a server that went silent, fails instead of
@@ -484,8 +520,8 @@ def borrow_engine(
             f"unsupported engine {backend}+{driver}: eventguard writes to sqlite+aiosqlite and "
             "postgresql+asyncpg"
         )
-    if schema is not None and (not schema or "\x00" in schema or len(schema.encode("utf-8", "replace")) > 63):
-        raise ValueError("schema= must be a PostgreSQL name: 1 to 63 bytes, no NUL")
+    if schema is not None:
+        valid_schema(schema)
     ours = create_async_engine(
         url,
         pool=engine.sync_engine.pool,
@@ -497,7 +533,7 @@ def borrow_engine(
     # Both in one round trip per transaction (set_config(..., true) is SET LOCAL), as parameters.
     settings: dict[str, str] = {}
     if schema is not None:
-        settings["search_path"] = borrowed.dialect.identifier_preparer.quote_schema(schema)
+        settings["search_path"] = search_path(schema)
     if statement_timeout is not None:
         settings["statement_timeout"] = str(max(1, int(statement_timeout * 1000)))
     if settings:
