@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, cast
 
 from agent_framework_foundry_hosting import ResponsesHostServer
 
+from eventguard import _arguments as arguments
 from eventguard.guard import Guard, GuardOptions, info_from_context
 from eventguard.lifecycle import ResponseInfo
 
@@ -144,6 +145,7 @@ class GuardedResponses:
         )
         # Checked now, before anything is built: a bad one would otherwise fail every request's guard.
         self._eventguard_options.check()
+        arguments.callable_or_none("on_guard", on_guard)
         if database is _UNSET:
             database = self.eventguard_database
         if replicas is _UNSET:

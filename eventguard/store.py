@@ -478,8 +478,11 @@ def stored_id(response_id: str) -> str:
 
     An id that no column can hold as it is (a NUL, a lone surrogate, longer than 255 characters) is
     stored as ``<escaped prefix>~<hash>`` (see :mod:`eventguard.sql.storable`); every other id,
-    the stored form of one included, is its own key.
+    the stored form of one included, is its own key. Anything but a ``str`` is an
+    :class:`~eventguard.errors.InvalidQueryError`.
     """
+    if not isinstance(response_id, str):  # an id of another type is a question no row answers
+        raise InvalidQueryError(f"response_id must be a str, not {type(response_id).__name__}")
     fix = storable.identifier(response_id, ID_LENGTH)
     return response_id if fix is None else fix.stored
 

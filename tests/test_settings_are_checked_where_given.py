@@ -242,6 +242,7 @@ def test_the_smallest_settings_a_sink_takes_still_record_every_event(tmp_path: P
         ("cancel_grace", "10", TypeError),
         ("cancel_grace", math.nan, ValueError),
         ("on_cancel", "drop", ValueError),
+        ("on_guard", 5, TypeError),
     ],
 )
 def test_a_guarded_server_refuses_a_bad_guard_setting_when_it_is_built(

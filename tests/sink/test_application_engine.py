@@ -137,5 +137,5 @@ def test_something_that_is_not_an_async_engine_is_a_type_error(tmp_path: Path, w
 @pytest.mark.parametrize("schema", ["", "bad\x00schema", "s" * 64])
 def test_a_schema_postgresql_cannot_name_is_a_value_error(schema: str) -> None:
     app = create_async_engine(PG_URL)
-    with pytest.raises(ValueError, match="^schema must be a PostgreSQL name"):
+    with pytest.raises(ValueError, match=r"^schema must be a PostgreSQL name"):
         ResponseStore(engine=app, schema=schema)

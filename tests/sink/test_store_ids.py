@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from eventguard.errors import InvalidQueryError
 from eventguard.sink import SqlSink
 from eventguard.store import ResponseStore, stored_id
 
@@ -37,3 +38,19 @@ async def test_a_response_stored_under_an_escaped_id_is_found_by_its_original_id
 def test_an_ordinary_id_is_its_own_key() -> None:
     for rid in ("resp_abc", "resp_with\\backslash", "ид-ответа", "x" * 255):
         assert stored_id(rid) == rid
+
+
+@pytest.mark.parametrize("rid", [5, None, b"resp_abc", ["resp_abc"]], ids=["int", "none", "bytes", "list"])
+async def test_an_id_that_is_not_a_str_is_an_invalid_query_naming_it(target: Target, rid: object) -> None:
+    """Before, an AttributeError from deep inside (``'int' object has no attribute 'isascii'``)."""
+    async with asyncio.timeout(60):
+        async with SqlSink(target.url, schema=target.schema, spool_path=target.spool) as sink:
+            await run_guarded(sink, script("resp_abc"))
+        async with ResponseStore(target.url, schema=target.schema) as store:
+            for read in (store.get, store.history, store.envelopes):
+                with pytest.raises(InvalidQueryError, match=r"^response_id must be a str, not "):
+                    await read(rid)  # type: ignore[arg-type]
+            if rid is not None:  # None there means every response's anomalies
+                with pytest.raises(InvalidQueryError, match=r"^response_id must be a str, not "):
+                    await store.anomalies(response_id=rid)  # type: ignore[arg-type]
+            assert (await store.get("resp_abc")) is not None  # the store still answers
