@@ -23,9 +23,7 @@ def _number(name: str, value: object) -> float:
     try:
         return float(value)
     except OverflowError:  # an int past a float's range: no event loop takes it as a delay
-        raise ValueError(
-            f"{name} must be a finite number of seconds, not an int too large for a float"
-        ) from None
+        raise ValueError(f"{name} must be a finite number, not an int too large for a float") from None
 
 
 @overload
