@@ -173,10 +173,27 @@ class SqlSink:
             pooler_safe=pooler_safe,
             borrowed=engine,
         )
-        spool = Spool(Path(spool_path) if spool_path is not None else self._default_spool())
+        spool = Spool(self._spool_path(spool_path))
         #: The writer: the recorders' sink, one task per event loop, the spool's replay.
         self.writer = Writer(config, spool, self.stats)
         telemetry.watch_sink(self)  # its metrics, when OpenTelemetry is installed
+
+    def _spool_path(self, given: str | os.PathLike[str] | None) -> Path:
+        """The spool file: ``given``, else beside the SQLite file, else in the working directory.
+        Never the SQLite database's own files, even empty (a ``-wal`` after a checkpoint): taken as
+        the spool, the replay would set it aside and remove it."""
+        if given is None:
+            return self._default_spool()
+        path = Path(given)
+        database = _db.sqlite_path(self.url)
+        if database is not None:
+            mine = os.path.realpath(path)
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                if mine == os.path.realpath(database.with_name(database.name + suffix)):
+                    raise ValueError(
+                        f"spool_path {str(path)!r} is not a spool file: it is the database's own file"
+                    )
+        return path
 
     def _default_spool(self) -> Path:
         path = _db.sqlite_path(self.url)

@@ -48,6 +48,7 @@ import contextlib
 import logging
 import os
 import re
+import stat
 import sys
 import time
 import uuid
@@ -264,6 +265,11 @@ class Spool:
     """
 
     def __init__(self, path: Path, *, fsync: bool = False) -> None:
+        problem = not_a_spool(path)
+        if problem is not None:
+            # Taken as the spool, the file would be appended to, then set aside by the replay, read
+            # as bad entries and removed: a database file or a config file given by mistake, gone.
+            raise ValueError(f"spool_path {str(path)!r} is not a spool file: {problem}")
         self.path = path
         self.fsync = fsync
 
@@ -374,6 +380,34 @@ class Spool:
             os.close(fd)
         # Set aside over and over by replays: append anyway (the next replay takes it).
         return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # pragma: no cover
+
+
+def not_a_spool(path: Path) -> str | None:
+    """Why the file at ``path`` cannot be a spool, or None (no file there, an empty one, or one
+    that starts as a spool does: an entry's ``EG<version>`` header or a version-0 ``{``, after the
+    newline each append begins with). A file that cannot be read is left to the first append or
+    replay to say so."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        return "it is a directory"
+    if not stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(_HEAD_BYTES)
+    except OSError:
+        return None
+    head = head.lstrip(b"\r\n")
+    if not head or head.startswith((b"EG", b"{")) or b"EG".startswith(head):
+        return None
+    return "it holds something else (a spool starts with an entry: 'EG1 ...', or '{' in the oldest format)"
+
+
+#: Enough of a file's start to tell a spool from anything else (its leading newlines skipped).
+_HEAD_BYTES = 4096
 
 
 def _glob_escape(name: str) -> str:
