@@ -10,6 +10,7 @@ was never "too long". A number here is an ``int`` or a ``float``, never a ``bool
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any, Literal, overload
@@ -82,7 +83,12 @@ def text(name: str, value: object) -> str | None:
 
 
 def callable_or_none(name: str, value: object) -> Callable[..., Any] | None:
-    """``value`` as something callable, or None."""
-    if value is not None and not callable(value):
+    """``value`` as something called for its answer at once, or None. An ``async def`` one answers
+    with a coroutine: always true as a ``bool``, and stored as its repr as a payload."""
+    if value is None:
+        return None
+    if not callable(value):
         raise TypeError(f"{name} must be callable or None, not {type(value).__name__}")
+    if inspect.iscoroutinefunction(value) or inspect.iscoroutinefunction(getattr(value, "__call__", None)):  # noqa: B004
+        raise TypeError(f"{name} must answer at once, not be async")
     return value

@@ -261,3 +261,41 @@ def test_a_guarded_server_refuses_a_bad_guard_setting_when_it_is_built(
             **{setting: value},
         )
     assert not (tmp_path / "eg.db").exists()  # refused before anything was built
+
+
+async def _async_answer(*_args: object) -> bool:
+    return False
+
+
+class _AsyncCall:
+    async def __call__(self, *_args: object) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("name", ["predicate", "redact"])
+@pytest.mark.parametrize("value", [_async_answer, _AsyncCall()], ids=["async-def", "async-call"])
+def test_an_async_callback_is_refused_naming_it(name: str, value: object, tmp_path: Path) -> None:
+    """Called for its answer at once: an async predicate's coroutine is always true (every event
+    kept), an async redactor's is stored as its repr (every payload lost)."""
+    with pytest.raises(TypeError, match=f"^{name} must answer at once, not be async$"):
+        _sink(tmp_path)(**{name: value})
+
+
+class _AsyncSignal:
+    async def is_set(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("where", ["cancellation_signal", "process_shutdown"])
+def test_a_signal_whose_is_set_is_async_is_refused_at_guard(where: str) -> None:
+    """Its coroutine is always true: every response was recorded cancelled by the client and its
+    completion withheld, with only a RuntimeWarning to say why."""
+
+    async def empty() -> AsyncIterator[Any]:
+        return
+        yield
+
+    signal: Any = _AsyncSignal() if where == "cancellation_signal" else asyncio.Event()
+    extra = {"process_shutdown": _AsyncSignal()} if where == "process_shutdown" else {}
+    with pytest.raises(TypeError, match=f"^{where}.is_set\\(\\) must answer at once with a bool"):
+        guard(empty(), signal, **extra)  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
@@ -34,6 +35,11 @@ class Host:
     ) -> None:
         if not callable(getattr(signal, "is_set", None)):
             raise TypeError("cancellation_signal must have an is_set() method (an asyncio.Event, say)")
+        # An async is_set() answers with a coroutine, which is always true: every response would be
+        # taken for cancelled and its completion withheld from the client.
+        for name, flag in (("cancellation_signal", signal), ("process_shutdown", process_shutdown)):
+            if inspect.iscoroutinefunction(getattr(flag, "is_set", None)):
+                raise TypeError(f"{name}.is_set() must answer at once with a bool, not be async")
         self.signal = signal
         self.context = context
         self.process_shutdown = process_shutdown

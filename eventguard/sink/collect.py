@@ -214,9 +214,20 @@ class Collector:
         identifies the event (attempt, seq, type) and why, never the event: it is what the
         redactor was meant to mask, and it never saw it through.
         """
-        self._report.unexpected(exc, "serialising an event")
         redacted = self._redact is not None
-        cause = f"the redactor raised {reason(exc)}" if redacted else reason(exc)
+        if redacted:
+            # Its message may quote what it was meant to mask (KeyError: 'the-secret'): the type only,
+            # in the log as in the quarantine row.
+            self._stats.unexpected_errors += 1
+            self._report.say(
+                "redactor-raised",
+                "eventguard sink: the redactor raised %s; the event is kept in the quarantine without "
+                "its content (later ones are only counted in stats.unexpected_errors)",
+                type(exc).__name__,
+            )
+        else:
+            self._report.unexpected(exc, "serialising an event")
+        cause = f"the redactor raised {type(exc).__name__}" if redacted else reason(exc)
         why = f"the event could not be serialised: {cause}"
         if not batch.raw_done <= index < len(batch.raw):  # pragma: no cover - the recorder changed shape
             record = quarantine.of_batch(batch, "write", why, redacted=redacted)

@@ -10,7 +10,8 @@ from eventguard.events import LIFECYCLE_KINDS
 #: "all": every forwarded event (the default, for audit). "finished": lifecycle events plus
 #: finished output items, so deltas go but the final text stays. "lifecycle": lifecycle only.
 EventMode: TypeAlias = Literal["all", "finished", "lifecycle"]
-#: A user refinement: ``(event_type, event) -> keep?``. It runs on the hot path: keep it cheap.
+#: A user refinement: ``(event_type, event) -> keep?``. It runs on the hot path: keep it cheap. If
+#: it raises, the event is kept and the error counted (``stats.unexpected_errors``) and logged.
 EventPredicate: TypeAlias = Callable[[str | None, object], bool]
 
 LIFECYCLE_TYPES: frozenset[str] = frozenset(LIFECYCLE_KINDS)

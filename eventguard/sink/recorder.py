@@ -150,8 +150,16 @@ class SqlRecorder:
     # -- the Recorder protocol ------------------------------------------------------------
     def event(self, index: int, event_type: str | None, event: object) -> None:
         keep = self._keep
-        if keep is not None and not keep(event_type, event):
-            return
+        if keep is not None:
+            try:
+                kept = keep(event_type, event)
+            except Exception as exc:
+                # The user's predicate raised (or its answer's __bool__ did): the stream must not
+                # end for it, and an event nobody decided to drop is kept.
+                self._sink.unexpected(exc, "the events= predicate (the event is kept)")
+                kept = True
+            if not kept:
+                return
         self.pending.append((self.lifecycle.attempt, index, event_type, event))
         self._sink.note_event(self)
 

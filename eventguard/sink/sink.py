@@ -60,9 +60,14 @@ class SqlSink:
     :param schema: PostgreSQL only: the schema the tables live in (a ``search_path``).
     :param events: which events are stored: ``"all"``, ``"finished"`` (those of responses that
         ended) or ``"lifecycle"`` (only the lifecycle events); ``predicate`` refines it.
-    :param predicate: ``(event_type, event) -> bool``: store only events it accepts.
-    :param redact: rewrites a payload (a JSON-able value) before it is stored; if it raises, the
-        event is stored without a payload and an anomaly says why.
+    :param predicate: ``(event_type, event) -> bool``: store only events it accepts. A plain
+        function (not ``async``); if it raises, the event is kept and the error counted
+        (``stats.unexpected_errors``) and logged: the stream goes on.
+    :param redact: rewrites a payload (a JSON-able value) before it is stored; a plain function (not
+        ``async``). If it raises on an event, the event goes to the quarantine as what identifies
+        it (attempt, index, type) and the error's type, never its content or the error's message,
+        and is missing from the history; on an anomaly's payload, the anomaly is stored without
+        one and a ``not_serialisable`` anomaly says why.
     :param flush_every: a flush after this many buffered events (flushes also happen when a
         response ends or closes, and every ``flush_interval`` seconds).
     :param flush_interval: seconds between flushes of a stream that is forwarding events; a

@@ -207,3 +207,63 @@ async def test_one_event_the_redactor_cannot_handle_does_not_take_its_batch_out_
     records = quarantine.read_file(sink.quarantine_path)
     assert [(r.content()["seq"], r.content()["type"]) for r in records] == [(3, ARGS)]
     assert sink.stats.lost == 0
+
+
+def names_the_secret(etype: str | None, event: Any) -> Any:
+    """A redactor whose error message quotes what it was meant to mask."""
+    if etype == ARGS:
+        raise KeyError(f"no field for {event['delta']}")
+    return {k: ("***" if v == SECRET else v) for k, v in event.items()}
+
+
+async def test_a_redactors_error_message_reaches_neither_the_database_nor_the_log(
+    target: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its type is said, never its message: the message quoted the secret (a KeyError naming the
+    value it could not find) in the quarantine row's reason and in the log's traceback."""
+    rid = "resp_redact_message"
+    evs = [created(rid), in_progress(rid), {"type": ARGS, "delta": SECRET}, delta(1), terminal(rid)]
+    async with asyncio.timeout(60):
+        sink = make_sink(target, redact=names_the_secret, flush_interval=0.01)
+        await sink.start()
+        await run_guarded(sink, evs)
+        kept = await quarantine.read(sink.engine, response_id=rid)
+        dump = await everything(sink)
+        await sink.aclose()
+    assert len(kept) == 1 and "the redactor raised KeyError" in kept[0].reason
+    assert SECRET not in dump
+    assert SECRET not in caplog.text and "the redactor raised KeyError" in caplog.text
+    assert sink.stats.unexpected_errors == 1 and sink.stats.lost == 0
+
+
+async def test_a_predicate_that_raises_keeps_the_event_and_the_stream(target: Target) -> None:
+    """A predicate that assumes every event has a 'delta' raised on response.created: the guard
+    re-raised it to the host, the client got nothing and the response was stored failed. Now every
+    event is forwarded, the ones it could not judge are kept, and the error is counted."""
+
+    def only_first_delta(_etype: str | None, event: Any) -> bool:
+        return bool(event["delta"] == "d0")
+
+    class Undecided:
+        def __bool__(self) -> bool:
+            raise ValueError("neither")
+
+    async with asyncio.timeout(60):
+        for n, predicate in enumerate((only_first_delta, lambda _t, _e: Undecided())):
+            rid = f"resp_predicate_raises_{n}"
+            evs = [created(rid), in_progress(rid), delta(0), delta(1), terminal(rid)]
+            sink = make_sink(target, predicate=predicate, flush_interval=0.01)
+            await sink.start()
+            seen = await run_guarded(sink, evs)
+            async with sink.engine.connect() as conn:
+                row = (await conn.execute(select(responses).where(responses.c.response_id == rid))).one()
+                stored = (await conn.execute(select(events.c.seq).where(events.c.response_id == rid))).all()
+            await sink.aclose()
+            assert len(seen) == len(evs)
+            assert row.status == "completed"
+            # The events it could not judge are kept; the one it judged false (d1) is not.
+            judged_out = 1 if predicate is only_first_delta else 0
+            assert sorted(seq for (seq,) in stored) == [
+                i for i in range(len(evs)) if i != 3 or not judged_out
+            ]
+            assert sink.stats.unexpected_errors == (3 if judged_out else len(evs))
