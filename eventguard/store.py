@@ -273,6 +273,8 @@ class ResponseStore:
         without, they go too. Responses still in progress are never pruned.
         """
         cutoff = _cutoff(older_than)
+        if not isinstance(keep_summary, bool):  # "false" is truthy, None falsy: either would surprise
+            raise InvalidQueryError(f"keep_summary must be True or False, not {type(keep_summary).__name__}")
         r = responses.c
         old = select(r.response_id).where(r.status.in_(ENDED), r.finished_at < cutoff).scalar_subquery()
         async with self._engine.begin() as conn:
@@ -605,7 +607,11 @@ def _utc(value: datetime, name: str) -> datetime:
 
 
 def _cutoff(older_than: timedelta | datetime) -> datetime:
+    """The time ``older_than`` names: an age back from now (zero or more: a negative one would take
+    what ended a moment ago, or is still running, for old), or a time as given."""
     if isinstance(older_than, timedelta):
+        if older_than < timedelta(0):
+            raise InvalidQueryError(f"older_than must be an age of zero or more, not {older_than}")
         try:
             return datetime.now(UTC) - older_than
         except OverflowError:  # an age reaching back before the year 1: a bad argument, not the database's

@@ -209,3 +209,29 @@ async def test_recent_refuses_arguments_it_cannot_read(
     async with asyncio.timeout(10):
         with pytest.raises(InvalidQueryError, match=message):
             await store.recent(**kwargs)
+
+
+async def test_a_negative_age_prunes_and_recovers_nothing(filled: tuple[SqlSink, ResponseStore]) -> None:
+    """``older_than=timedelta(days=-1)`` reads as "ended before tomorrow": it pruned the history of
+    responses that had just ended and marked running ones interrupted. Now refused, nothing touched."""
+    _, store = filled
+    async with asyncio.timeout(30):
+        before = await store.history("r00")
+        for age in (timedelta(days=-1), timedelta(microseconds=-1)):
+            calls = (
+                store.prune(older_than=age),
+                store.prune(older_than=age, keep_summary=False),
+                store.prune_envelopes(older_than=age),
+                store.prune_agent_sessions(older_than=age),
+                store.recover(older_than=age),
+            )
+            for call in calls:
+                with pytest.raises(
+                    InvalidQueryError, match=r"^older_than must be an age of zero or more, not -"
+                ):
+                    await call
+        for flag in (None, 0, "false"):
+            with pytest.raises(InvalidQueryError, match=r"^keep_summary must be True or False"):
+                await store.prune(older_than=timedelta(0), keep_summary=flag)  # type: ignore[arg-type]
+        assert await store.history("r00") == before
+        assert await store.count() == 12
