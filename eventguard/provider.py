@@ -160,8 +160,9 @@ def _int_of(value: object, what: str) -> int:
 
 
 def _many(values: object, what: str) -> Iterable[object]:
-    """An iterable of values, but not a string (each of its characters would be taken for an id)."""
-    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+    """An iterable of values, but not a string (each of its characters would be taken for an id)
+    nor a mapping (one item given where a list was meant: its keys would be taken, it lost)."""
+    if isinstance(values, str | bytes | Mapping) or not isinstance(values, Iterable):
         raise UnstorableError(f"{what} must be an iterable of values, not {type(values).__name__}")
     return values
 

@@ -256,10 +256,17 @@ async def test_arguments_of_the_wrong_type_are_refused_as_bad_arguments_not_as_a
             lambda: p.create_response(envelope("resp_args2"), 5, None),  # type: ignore[arg-type]
             lambda: p.get_items(5),  # type: ignore[arg-type]
             lambda: p.get_items("i1"),
+            # One item where a list was meant: iterated, a dict is its keys, and the item was lost.
+            lambda: p.create_response(envelope("resp_args3"), item("i3"), None),  # type: ignore[arg-type]
+            lambda: p.create_response(envelope("resp_args4"), [item("i4")], {"id": "h"}),  # type: ignore[arg-type]
+            lambda: p.get_items({"i1": 1}),  # type: ignore[arg-type]
         )
         for call in calls:
             with pytest.raises(bad_argument):
                 await call()
+        for refused in ("resp_args3", "resp_args4"):
+            with pytest.raises(KeyError):
+                await p.get_response(refused)  # refused as a whole: nothing of it stored
 
 
 # -- through the real host, by HTTP ----------------------------------------------------------------
