@@ -7,7 +7,7 @@ limits, cursors, time zones) and raises :class:`InvalidQueryError` for the rest.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -176,8 +176,8 @@ class ResponseStore:
         if since is not None:
             query = query.where(func.coalesce(r.finished_at, r.updated_at) >= _utc(since, "since"))
         if before is not None:
-            if isinstance(before, bool) or not isinstance(before, int) or before < 0:
-                raise InvalidQueryError(f"before must be a row key (a record's pk), not {before!r}")
+            if not _is_row_key(before):
+                raise InvalidQueryError(f"before must be a row key (a record's pk), not {before!r:.40}")
             query = query.where(r.pk < before)
         query = query.order_by(r.pk.desc()).limit(_limit(limit))
         async with self._reader.begin() as conn:
@@ -209,7 +209,7 @@ class ResponseStore:
         if response_id is not None:
             query = query.where(a.response_id == stored_id(response_id))
         if kind is not None:
-            query = query.where(a.kind.in_([kind] if isinstance(kind, str) else list(kind)))
+            query = query.where(a.kind.in_(_kinds(kind)))
         query = _time_window(query, a.at, since, until)
         return await self._page(query, a.pk, limit, after, AnomalyRecord)
 
@@ -414,8 +414,8 @@ class ResponseStore:
     ) -> Page[Any]:
         size = _limit(limit)
         if after is not None:
-            if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-                raise InvalidQueryError(f"after must be a cursor from a previous page, not {after!r}")
+            if not _is_row_key(after):
+                raise InvalidQueryError(f"after must be a cursor from a previous page, not {after!r:.40}")
             query = query.where(key > after)
         async with self._reader.begin() as conn:
             rows = (await conn.execute(query.order_by(key).limit(size + 1))).all()
@@ -532,12 +532,46 @@ def _history(row: Any, evs: Sequence[Any], trs: Sequence[Any], ans: Sequence[Any
     return History(response=ResponseRecord.model_validate(row), attempts=attempts)
 
 
+def _is_row_key(value: object) -> bool:
+    """A row key (``pk``): an int from 0 to the largest a BIGINT holds (past it, the driver's
+    OverflowError, or PostgreSQL's out-of-range error, not a question)."""
+    return not isinstance(value, bool) and isinstance(value, int) and 0 <= value <= _INT64_MAX
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _strings(value: object, name: str) -> list[str]:
+    """A ``str``, or an iterable of them (not bytes, not a mapping): as a list."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, bytes | Mapping) or not isinstance(value, Iterable):
+        raise InvalidQueryError(f"{name} must be a str or an iterable of str, not {type(value).__name__}")
+    values = list(value)
+    for v in values:
+        if not isinstance(v, str):
+            raise InvalidQueryError(
+                f"{name} must be a str or an iterable of str, not one holding {type(v).__name__}"
+            )
+    return values
+
+
+def _kinds(kind: object) -> list[str]:
+    """Anomaly kinds to look for: printable text (a NUL or a lone surrogate cannot be a stored kind,
+    and the drivers refuse to send them: a database error for a question)."""
+    values = _strings(kind, "kind")
+    for v in values:
+        if not v.isprintable() or not v.isascii():
+            raise InvalidQueryError(f"kind must be an anomaly kind (printable ASCII), not {v!r:.80}")
+    return values
+
+
 def _statuses(status: str | Iterable[str], *, allowed: Sequence[str]) -> list[str]:
-    values = [status] if isinstance(status, str) else list(status)
+    values = _strings(status, "status")
     bad = [v for v in values if v not in allowed]
     if bad:
         known = [s for s in STATES if s in allowed]
-        raise InvalidQueryError(f"unknown status {bad[0]!r}: expected one of {', '.join(known)}")
+        raise InvalidQueryError(f"unknown status {bad[0]!r:.80}: expected one of {', '.join(known)}")
     return values
 
 
@@ -603,7 +637,10 @@ def _utc(value: datetime, name: str) -> datetime:
     if not isinstance(value, datetime):
         raise InvalidQueryError(f"{name} must be a datetime, not {type(value).__name__}")
     # Stored times are UTC; a naive argument is taken as UTC too.
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    try:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:  # year 1 or 9999 at an offset that takes it past the calendar's edge
+        raise InvalidQueryError(f"{name} {value.isoformat()} is past the calendar's edge in UTC") from None
 
 
 def _cutoff(older_than: timedelta | datetime) -> datetime:

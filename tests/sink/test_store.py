@@ -235,3 +235,40 @@ async def test_a_negative_age_prunes_and_recovers_nothing(filled: tuple[SqlSink,
                 await store.prune(older_than=timedelta(0), keep_summary=flag)  # type: ignore[arg-type]
         assert await store.history("r00") == before
         assert await store.count() == 12
+
+
+async def test_a_query_argument_of_the_wrong_shape_is_an_invalid_query_not_a_driver_error(
+    filled: tuple[SqlSink, ResponseStore],
+) -> None:
+    """Each came out of the driver or the database before: a NUL or a lone surrogate in ``kind``
+    (DBAPIError on PostgreSQL, UnicodeEncodeError on SQLite), ``kind=123`` (TypeError: not
+    iterable), a cursor past a BIGINT (OverflowError, or the server's out-of-range error), a time at
+    the calendar's edge with an offset (OverflowError naming nothing)."""
+    _, store = filled
+    edge = [
+        datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5))),
+        datetime.max.replace(tzinfo=timezone(timedelta(hours=-5))),
+    ]
+    async with asyncio.timeout(60):
+        calls: list[Any] = [
+            *(store.anomalies(kind=k) for k in ("\x00", "\udcff", "\x1b[2J", 123, b"x", ["ok", 5], {"k": 1})),
+            *(store.recent(status=s) for s in (123, b"completed", ["completed", None], {"completed": 1})),
+            *(store.terminal_states(status=s) for s in (123, b"completed", ["completed", 5])),
+            *(store.recent(before=c) for c in (2**63, 2**64, -1)),
+            *(store.terminal_states(after=c) for c in (2**63, 2**64, -1)),
+            *(store.anomalies(after=c) for c in (2**63, 10**400)),
+            *(store.recent(since=t) for t in edge),
+            *(store.terminal_states(since=t) for t in edge),
+            *(store.anomalies(until=t) for t in edge),
+            *(store.prune(older_than=t) for t in edge),
+            *(store.stats(since=t) for t in edge),
+        ]
+        for call in calls:
+            with pytest.raises(InvalidQueryError) as caught:
+                await call
+            assert str(caught.value).isprintable() and len(str(caught.value)) < 300
+        # What is well formed but matches nothing is an empty answer, not an error.
+        assert (await store.anomalies(kind=["no_such_kind"])).items == []
+        assert await store.recent(before=2**63 - 1, limit=1) != []
+        assert (await store.terminal_states(after=2**63 - 1)).items == []
+        assert await store.count() == 12
