@@ -299,3 +299,39 @@ def test_a_signal_whose_is_set_is_async_is_refused_at_guard(where: str) -> None:
     extra = {"process_shutdown": _AsyncSignal()} if where == "process_shutdown" else {}
     with pytest.raises(TypeError, match=f"^{where}.is_set\\(\\) must answer at once with a bool"):
         guard(empty(), signal, **extra)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [("sink", "sqlite:///x.db"), ("sink", object()), ("info", {"response_id": "resp_1"}), ("info", "resp_1")],
+)
+def test_guard_refuses_a_sink_or_info_of_another_kind_naming_it(argument: str, value: object) -> None:
+    """Before, an AttributeError from inside (``'str' object has no attribute 'recorder'``)."""
+
+    async def empty() -> AsyncIterator[Any]:
+        return
+        yield
+
+    with pytest.raises(TypeError, match=f"^{argument} must be a "):
+        guard(empty(), asyncio.Event(), **{argument: value})
+
+
+@pytest.mark.parametrize("options", [{"cancel_grace": 1}, None, "omit"])
+def test_a_guard_built_with_options_of_another_kind_is_refused_naming_them(options: Any) -> None:
+    from eventguard import Guard
+
+    async def empty() -> AsyncIterator[Any]:
+        return
+        yield
+
+    with pytest.raises(TypeError, match=r"^options must be a GuardOptions, not "):
+        Guard(empty(), asyncio.Event(), options)
+
+
+@pytest.mark.parametrize("lifecycle", [None, "x", {"state": "new"}])
+def test_a_sink_refuses_to_record_something_that_is_not_a_lifecycle(lifecycle: Any, tmp_path: Path) -> None:
+    """Before, it was taken, and the writer task failed on it later in the background."""
+    sink = SqlSink(f"sqlite:///{tmp_path / 'eg.db'}", spool_path=tmp_path / "spool.jsonl")
+    with pytest.raises(TypeError, match=r"^lifecycle must be a Lifecycle, not "):
+        sink.recorder(lifecycle)
+    assert sink.stats.unexpected_errors == 0

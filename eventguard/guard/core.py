@@ -170,7 +170,14 @@ class _Core:
         aiter_ = aiter_of(stream)  # checked first; called last, once the guard is sure to be built
         #: The only reader of the host's context and signals (see host.py).
         self._host = host = Host(cancellation_signal, context, process_shutdown)
+        # Each checked here, naming it: a wrong one would fail later as an AttributeError from inside.
+        if not isinstance(options, GuardOptions):
+            raise TypeError(f"options must be a GuardOptions, not {type(options).__name__}")
         options.check()
+        if sink is not None and not callable(getattr(sink, "recorder", None)):
+            raise TypeError(f"sink must be a Sink (an SqlSink, say) or None, not {type(sink).__name__}")
+        if info is not None and not isinstance(info, ResponseInfo):
+            raise TypeError(f"info must be a ResponseInfo or None, not {type(info).__name__}")
         #: The loop the guard was built in (None outside one: allowed without a sink; see loop.py).
         self._loop = bound_loop(has_sink=sink is not None)
         #: The inner stream, owned: closed exactly once (see inner.py).

@@ -298,4 +298,6 @@ class SqlSink:
     # -- the Sink protocol --------------------------------------------------------------------
     def recorder(self, lifecycle: Lifecycle) -> SqlRecorder:
         """A recorder for one guarded stream of ``lifecycle`` (the ``Sink`` protocol)."""
+        if not isinstance(lifecycle, Lifecycle):  # else the writer task fails on it, in the background
+            raise TypeError(f"lifecycle must be a Lifecycle, not {type(lifecycle).__name__}")
         return self.writer.recorder(lifecycle)
