@@ -73,7 +73,8 @@ def _provider(tmp_path: Path) -> Callable[..., object]:
 
 
 def _replicas(_tmp_path: Path) -> Callable[..., object]:
-    return lambda **kw: ReplicaOptions(**kw)
+    # A heartbeat is checked against the lease too: a lease long enough for any heartbeat tried.
+    return lambda **kw: ReplicaOptions(**({"lease": 1e10} if "heartbeat" in kw else {}), **kw)
 
 
 def _guard(_tmp_path: Path) -> Callable[..., object]:
@@ -168,11 +169,31 @@ def test_a_flag_that_is_not_a_bool_is_refused_naming_it(
         make(**{name: value})
 
 
-def test_a_replicas_jitter_is_a_finite_share_of_zero_or_more() -> None:
-    for value, error in [*NOT_A_NUMBER, (math.nan, ValueError), (math.inf, ValueError), (-0.1, ValueError)]:
+def test_a_replicas_jitter_is_a_finite_share_from_zero_to_one() -> None:
+    """``jitter=1e300`` was taken: the reaper would wait that many times its interval."""
+    bad = [
+        *NOT_A_NUMBER,
+        (math.nan, ValueError),
+        (math.inf, ValueError),
+        (-0.1, ValueError),
+        (1.01, ValueError),
+    ]
+    for value, error in [*bad, (1e300, ValueError)]:
         _refused(_replicas(Path()), "jitter", value, error)
-    for value in (0, 0.0, 0.5, 1, 3.0):
+    for value in (0, 0.0, 0.5, 1, 1.0):
         assert ReplicaOptions(jitter=value).jitter == value
+
+
+@pytest.mark.parametrize(("lease", "heartbeat"), [(1, 10), (10, 10), (5, 5.0), (0.3, None)])
+def test_a_replicas_heartbeat_must_be_shorter_than_its_lease(lease: float, heartbeat: float | None) -> None:
+    """Renewed less often than it lasts, a lease expires between renewals and the other replicas'
+    reapers end this replica's live runs as owner_lost. (0.3 with the default heartbeat is fine.)"""
+    if heartbeat is None:
+        assert ReplicaOptions(lease=lease).heartbeat_every < lease
+        return
+    with pytest.raises(ValueError, match=r"^heartbeat must be shorter than lease"):
+        ReplicaOptions(lease=lease, heartbeat=heartbeat)
+    assert ReplicaOptions(lease=lease, heartbeat=lease * 0.99).heartbeat == lease * 0.99
 
 
 @pytest.mark.parametrize("name", ["schema", "owner", "predicate", "redact"])

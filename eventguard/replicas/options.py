@@ -14,10 +14,10 @@ class ReplicaOptions:
 
     - ``identity``: this replica's name in the lease rows (default :func:`default_identity`).
     - ``lease``: seconds a lease lasts without a heartbeat (the database's clock decides).
-    - ``heartbeat``: seconds between renewals (default a third of ``lease``); one statement renews
-      every lease of this replica.
+    - ``heartbeat``: seconds between renewals (default a third of ``lease``; shorter than ``lease``);
+      one statement renews every lease of this replica.
     - ``reap_every``: seconds between reaper passes (default half of ``lease``), each with up to
-      ``jitter`` of that added at random, so replicas do not reap in lockstep.
+      ``jitter`` (0 to 1) of that added at random, so replicas do not reap in lockstep.
     - ``reap_policy``: how an expired lease's response ends: ``"failed"`` (cause ``owner_lost``;
       default) or ``"interrupted"`` (the lifecycle only: the envelope is left for a restart of the
       owner to recover, as upstream's process-local task store requires).
@@ -51,6 +51,14 @@ class ReplicaOptions:
         arguments.seconds("cancel_poll", self.cancel_poll, zero=False)
         arguments.seconds("cancel_wait", self.cancel_wait)
         arguments.seconds("settle_wait", self.settle_wait, none=True)
+        # A lease renewed less often than it lasts expires between renewals: the reapers of the
+        # other replicas would end this replica's live runs as owner_lost.
+        if self.heartbeat_every >= self.lease:
+            raise ValueError(
+                f"heartbeat must be shorter than lease ({self.heartbeat_every!r} >= {self.lease!r} seconds)"
+            )
+        if self.jitter > 1:  # up to twice the interval between passes; more would all but stop reaping
+            raise ValueError(f"jitter must be a share from 0 to 1 of reap_every, not {self.jitter!r}")
         if self.reap_policy not in ("failed", "interrupted"):
             raise ValueError(f"reap_policy must be 'failed' or 'interrupted', not {self.reap_policy!r}")
         if self.identity is not None:
