@@ -86,6 +86,8 @@ class SqlAgentSessionStore(SessionStore):
 
     async def set(self, session_id: str, session: AgentSession) -> None:
         """Store ``session``: over the version read, where none was when none was read."""
+        if not callable(getattr(session, "to_dict", None)):  # a dict: an AttributeError from inside
+            raise UnstorableError(f"session must be an AgentSession, not {type(session).__name__}")
         session_key = self._row_key(session_id)
         where = self._where(session_key)
         value = dump(session.to_dict(), "an agent session")

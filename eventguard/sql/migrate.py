@@ -136,6 +136,11 @@ def _locked_run(connection: Connection, direction: str, revision: str) -> None:
 
 
 async def _migrate(engine: AsyncEngine, direction: str, revision: str) -> None:
+    if not isinstance(revision, str) or not revision or not revision.isprintable():
+        # Alembic would fail on it deep inside (TypeError, AssertionError), after taking the lock.
+        raise ValueError(
+            f"revision must be a revision id, a step such as -1, 'head' or 'base', not {revision!r:.80}"
+        )
     # One transaction around the whole run: on both databases DDL is transactional, so a
     # failed migration leaves the schema as it was.
     async with _one_in_this_process(), engine.begin() as conn:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from agent_framework import AgentSession, Message
@@ -123,3 +124,15 @@ async def test_an_empty_session_id_is_refused(sessions: SqlAgentSessionStoreProv
     async with asyncio.timeout(TIMEOUT):
         with pytest.raises(ValueError, match="non-empty"):
             await _store(sessions).get("")
+
+
+@pytest.mark.parametrize("session", [{"session_id": "conv_1"}, None, "conv_1"], ids=["dict", "none", "str"])
+async def test_something_that_is_not_a_session_is_refused_and_nothing_stored(
+    sessions: SqlAgentSessionStoreProvider, session: Any
+) -> None:
+    """Before, an AttributeError from inside (``'dict' object has no attribute 'to_dict'``)."""
+    async with asyncio.timeout(TIMEOUT):
+        store = _store(sessions)
+        with pytest.raises(UnstorableError, match=r"^session must be an AgentSession, not "):
+            await store.set("conv_1", session)
+        assert await store.get("conv_1") is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -102,4 +103,19 @@ async def test_auto_migrate_creates_an_empty_database_only(target: Target) -> No
         sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
         await sink.start()  # empty database: created
         await mig.check(sink.engine)
+        await sink.aclose()
+
+
+@pytest.mark.parametrize("revision", [123, None, "", ["base"], "\x1b[2J", "he\x00ad"])
+async def test_a_revision_that_is_not_one_is_refused_before_anything_runs(
+    revision: Any, tmp_path: Path
+) -> None:
+    """Before, Alembic failed on it deep inside (TypeError: argument of type 'int' is not iterable,
+    an AssertionError for a list), after the migration lock was taken."""
+    async with asyncio.timeout(60):
+        sink = SqlSink(f"sqlite:///{tmp_path / 'eg.db'}", spool_path=tmp_path / "spool.jsonl")
+        for run in (sink.migrate, sink.downgrade):
+            with pytest.raises(ValueError, match=r"^revision must be a revision id"):
+                await run(revision)
+        await sink.migrate("head")  # the sink is still usable
         await sink.aclose()
