@@ -120,7 +120,17 @@ class Watchdog:
         Holds the guard's generator only by ``ref``, and only between its awaits: a guard dropped
         without being closed is collected, and its generator's finaliser cancels this task.
         """
-        await host.wait_for_cause(ref)
+        try:
+            await host.wait_for_cause(ref)
+        except Exception as exc:
+            # The signal's own is_set() raised: nothing is left to watch for. Said here, since nobody
+            # awaits this task (asyncio would say "Task exception was never retrieved"); the guard
+            # meets the same error on its own reads of the signal.
+            log.warning(
+                "eventguard guard: the cancellation signal's is_set() raised %s; the watchdog stops",
+                type(exc).__name__,
+            )
+            return
         await asyncio.sleep(grace)
         gen = ref()
         if gen is None or not self.on_grace(gen, referee, grace):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -627,3 +628,41 @@ async def test_an_outside_cancel_is_never_taken_for_ours_when_tasks_claim_to_equ
                 await task
     assert (g.lifecycle.state, g.lifecycle.cause) == (State.CANCELLED, Cause.CLIENT_CANCEL)
     assert g.lifecycle.anomalies == []
+
+
+async def test_a_signal_whose_is_set_raises_stops_the_watchdog_with_a_word_not_a_lost_task_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A signal the watchdog polls (not an asyncio.Event) whose is_set() starts raising: the watchdog
+    task ended with the error and nobody retrieved it ("Task exception was never retrieved")."""
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+
+    class Breaks:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def is_set(self) -> bool:
+            self.calls += 1
+            if self.calls > 2:
+                raise RuntimeError("the signal broke")
+            return False
+
+    async def slow() -> AsyncIterator[dict[str, Any]]:
+        yield {"type": "response.created", "response": {"id": "resp_breaks", "status": "in_progress"}}
+        await asyncio.sleep(0.2)  # the watchdog polls every 50 ms meanwhile
+        yield {"type": "response.completed", "response": {"id": "resp_breaks", "status": "completed"}}
+
+    async with asyncio.timeout(10):
+        g = guard(slow(), Breaks(), cancel_grace=1.0)
+        with contextlib.suppress(RuntimeError):  # the guard's own read meets it too
+            async with g:
+                async for _ in g:
+                    pass
+        for _ in range(3):
+            await asyncio.sleep(0)
+        gc.collect()
+        await asyncio.sleep(0.05)
+    assert "the watchdog stops" in caplog.text
+    assert not [c for c in unretrieved if "never retrieved" in str(c.get("message", ""))], unretrieved
