@@ -321,7 +321,7 @@ class ResponseStore:
         """Every stored agent session (as :meth:`agent_sessions` reads them), ``batch`` rows a read,
         in key order (what ``eventguard verify`` checks)."""
         a = agent_sessions.c
-        query = select(agent_sessions).order_by(a.partition, a.session_key).limit(_limit(batch))
+        query = select(agent_sessions).order_by(a.partition, a.session_key).limit(_batch(batch))
         after: tuple[str, str] | None = None
         while True:
             page = query if after is None else query.where(tuple_(a.partition, a.session_key) > after)
@@ -454,8 +454,7 @@ class ResponseStore:
             batch: responses per page, 1 to 500.
             event_columns: the events' columns to read (default: all of them).
         """
-        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 500:
-            raise InvalidQueryError(f"batch must be an integer from 1 to 500, not {batch!r}")
+        _batch(batch)
         r = responses.c
         after = 0
         while True:
@@ -530,6 +529,13 @@ def _history(row: Any, evs: Sequence[Any], trs: Sequence[Any], ans: Sequence[Any
         for n in numbers
     ]
     return History(response=ResponseRecord.model_validate(row), attempts=attempts)
+
+
+def _batch(batch: object) -> int:
+    """Rows a read, for the methods that iterate the whole store (1 to 500)."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 500:
+        raise InvalidQueryError(f"batch must be an integer from 1 to 500, not {batch!r:.40}")
+    return batch
 
 
 def _is_row_key(value: object) -> bool:

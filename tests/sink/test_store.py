@@ -272,3 +272,18 @@ async def test_a_query_argument_of_the_wrong_shape_is_an_invalid_query_not_a_dri
         assert await store.recent(before=2**63 - 1, limit=1) != []
         assert (await store.terminal_states(after=2**63 - 1)).items == []
         assert await store.count() == 12
+
+
+async def test_the_whole_store_iterators_take_the_same_batch_and_say_batch(
+    filled: tuple[SqlSink, ResponseStore],
+) -> None:
+    """iter_agent_sessions checked its batch as a limit (1 to 10,000, "limit must be ..."), where
+    histories takes 1 to 500 and says batch."""
+    _, store = filled
+    async with asyncio.timeout(30):
+        for batch in (0, 501, 10_000, "5", True, None):
+            for iterate in (store.iter_agent_sessions, store.histories):
+                with pytest.raises(InvalidQueryError, match=r"^batch must be an integer from 1 to 500"):
+                    async for _ in iterate(batch=batch):  # type: ignore[arg-type]
+                        pass
+        assert len([h async for h in store.histories(batch=500)]) == 12
