@@ -99,3 +99,18 @@ def test_the_tables_and_rows_land_in_the_schema_as_written(prefix: str) -> None:
             await execute(f"DROP SCHEMA {_quoted(schema)} CASCADE")
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("schema", ["", "x" * 64, "\udcff", "\x1b[2J" * 20])
+def test_the_cli_says_a_bad_schema_is_a_bad_argument(schema: str) -> None:
+    """Not "cannot use the database ...: ValueError": the database was never asked."""
+    from typer.testing import CliRunner
+
+    from eventguard.cli import app
+
+    argv = ["responses", "list", "--database-url", PG_URL, "--schema", schema]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2, result.output
+    line = result.output.strip()
+    assert line.startswith("eventguard: error: --schema ") and "cannot use the database" not in line, line
+    assert "must be a PostgreSQL name" in line and "\x1b" not in line

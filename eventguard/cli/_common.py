@@ -120,6 +120,11 @@ def resolve(url: str | None, schema: str | None = None) -> URL:
     resolved = _resolve(url)
     if schema is not None and resolved.get_backend_name() != "postgresql":
         fail(f"--schema {quoted(schema)} is a PostgreSQL setting: an SQLite database has one schema")
+    if schema is not None:
+        try:
+            _db.valid_schema(schema)
+        except ValueError as exc:  # said as the bad argument it is, not as a database that failed
+            fail(f"--schema {quoted(schema)}: {exc}")
     return resolved
 
 

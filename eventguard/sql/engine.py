@@ -375,7 +375,7 @@ def valid_schema(schema: object) -> str | None:
     if not 0 < size <= _NAME_BYTES or "\x00" in schema:
         raise ValueError(
             f"schema must be a PostgreSQL name: 1 to {_NAME_BYTES} bytes of UTF-8, no NUL, no lone "
-            f"surrogate (got {len(schema)} characters)"
+            f"surrogate (got {len(schema)} character{'' if len(schema) == 1 else 's'})"
         )
     return schema
 
