@@ -563,13 +563,22 @@ def _strings(value: object, name: str) -> list[str]:
 
 
 def _kinds(kind: object) -> list[str]:
-    """Anomaly kinds to look for: printable text (a NUL or a lone surrogate cannot be a stored kind,
-    and the drivers refuse to send them: a database error for a question)."""
+    """Anomaly kinds to look for: any text a driver can send (a NUL, or a lone surrogate, which no
+    stored kind holds, is refused by the drivers: a database error for a question); text that names
+    no kind matches nothing."""
     values = _strings(kind, "kind")
     for v in values:
-        if not v.isprintable() or not v.isascii():
-            raise InvalidQueryError(f"kind must be an anomaly kind (printable ASCII), not {v!r:.80}")
+        if "\x00" in v or not _encodable(v):
+            raise InvalidQueryError(f"kind must be text without a NUL or a lone surrogate, not {v!r:.80}")
     return values
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _statuses(status: str | Iterable[str], *, allowed: Sequence[str]) -> list[str]:

@@ -251,7 +251,10 @@ async def test_a_query_argument_of_the_wrong_shape_is_an_invalid_query_not_a_dri
     ]
     async with asyncio.timeout(60):
         calls: list[Any] = [
-            *(store.anomalies(kind=k) for k in ("\x00", "\udcff", "\x1b[2J", 123, b"x", ["ok", 5], {"k": 1})),
+            *(
+                store.anomalies(kind=k)
+                for k in ("\x00", "\udcff", ["ok", "a\x00"], 123, b"x", ["ok", 5], {"k": 1})
+            ),
             *(store.recent(status=s) for s in (123, b"completed", ["completed", None], {"completed": 1})),
             *(store.terminal_states(status=s) for s in (123, b"completed", ["completed", 5])),
             *(store.recent(before=c) for c in (2**63, 2**64, -1)),
@@ -268,7 +271,8 @@ async def test_a_query_argument_of_the_wrong_shape_is_an_invalid_query_not_a_dri
                 await call
             assert str(caught.value).isprintable() and len(str(caught.value)) < 300
         # What is well formed but matches nothing is an empty answer, not an error.
-        assert (await store.anomalies(kind=["no_such_kind"])).items == []
+        for no_such in (["no_such_kind"], "\x1b[2J", "résumé-🙂", "a\nb"):
+            assert (await store.anomalies(kind=no_such)).items == []
         assert await store.recent(before=2**63 - 1, limit=1) != []
         assert (await store.terminal_states(after=2**63 - 1)).items == []
         assert await store.count() == 12
