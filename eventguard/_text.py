@@ -1,4 +1,5 @@
-"""Text that is safe to show: on a terminal, in a log line, in a span attribute. Private.
+"""Text that is safe to show (on a terminal, in a log line, in a span attribute), and text that
+can be sent to a database at all. Private.
 
 One escaper for everything eventguard prints or logs from data it did not write itself (ids, error
 text, event types, agent names, anomaly reasons): a NUL, an ANSI escape, a newline or a bidi
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["one_line", "printable"]
+__all__ = ["one_line", "printable", "utf8_size"]
 
 _NAMED: Final = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
@@ -47,3 +48,12 @@ def _escape(ch: str) -> str:
     if code < 0x10000:
         return f"\\u{code:04x}"
     return f"\\U{code:08x}"
+
+
+def utf8_size(text: str) -> int | None:
+    """How many bytes ``text`` takes in UTF-8; None when it holds a lone surrogate (``\\udcff``),
+    which UTF-8 cannot encode, so that no driver can send it (asyncpg and sqlite3 both raise)."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None

@@ -16,6 +16,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from eventguard import _arguments as arguments
+from eventguard._text import utf8_size
 from eventguard.errors import InvalidQueryError
 from eventguard.records import (
     AgentSessionRecord,
@@ -568,17 +569,9 @@ def _kinds(kind: object) -> list[str]:
     no kind matches nothing."""
     values = _strings(kind, "kind")
     for v in values:
-        if "\x00" in v or not _encodable(v):
+        if "\x00" in v or utf8_size(v) is None:
             raise InvalidQueryError(f"kind must be text without a NUL or a lone surrogate, not {v!r:.80}")
     return values
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _statuses(status: str | Iterable[str], *, allowed: Sequence[str]) -> list[str]:

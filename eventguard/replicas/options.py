@@ -82,9 +82,9 @@ def _check_identity(identity: object) -> None:
     every write): refuse what the database would refuse, or store changed, at the first write."""
     if not isinstance(identity, str) or not 0 < len(identity) <= 255:
         raise ValueError(f"identity must be a string of 1 to 255 characters, not {identity!r:.80}")
+    # isprintable() is False for a lone surrogate too (category Cs), which no driver could send.
     if not identity.isprintable():
-        raise ValueError(f"identity must be printable text (no NUL, escape or control), not {identity!r:.80}")
-    try:
-        identity.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"identity must be valid Unicode (no lone surrogate): {identity!r:.80}") from None
+        raise ValueError(
+            "identity must be printable text (no NUL, escape, control or lone surrogate), "
+            f"not {identity!r:.80}"
+        )

@@ -44,6 +44,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool, NullPool
 
+from eventguard._text import utf8_size
 from eventguard.errors import BadDatabaseURL
 from eventguard.sql.sqlite_thread import SqliteThread
 
@@ -368,11 +369,13 @@ def valid_schema(schema: object) -> str | None:
         return None
     if not isinstance(schema, str):
         raise TypeError(f"schema must be a str or None, not {type(schema).__name__}")
-    try:
-        size = len(schema.encode("utf-8"))
-    except UnicodeEncodeError:
-        size = -1
-    if not 0 < size <= _NAME_BYTES or "\x00" in schema:
+    return _schema_name(schema)
+
+
+def _schema_name(schema: str) -> str:
+    """``schema`` itself, or the ValueError :func:`valid_schema` documents."""
+    size = utf8_size(schema)
+    if size is None or not 0 < size <= _NAME_BYTES or "\x00" in schema:
         raise ValueError(
             f"schema must be a PostgreSQL name: 1 to {_NAME_BYTES} bytes of UTF-8, no NUL, no lone "
             f"surrogate (got {len(schema)} character{'' if len(schema) == 1 else 's'})"
@@ -384,7 +387,7 @@ def search_path(schema: str) -> str:
     """``schema`` as a ``search_path`` setting: quoted where PostgreSQL would read it otherwise, as
     the offline migration script and a borrowed engine write it. Unquoted, ``Ab`` named the schema
     ``ab``, and ``a, public`` a list of two, where tables could land in ``public``."""
-    return _PG_PREPARER.quote_schema(valid_schema(schema) or "")
+    return _PG_PREPARER.quote_schema(_schema_name(schema))
 
 
 #: PostgreSQL's longest name, in bytes (NAMEDATALEN - 1).
