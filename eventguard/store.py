@@ -456,6 +456,7 @@ class ResponseStore:
             event_columns: the events' columns to read (default: all of them).
         """
         _batch(batch)
+        event_columns = _event_columns(event_columns)
         r = responses.c
         after = 0
         while True:
@@ -495,6 +496,32 @@ async def _rows(
     return (
         await conn.execute(select(table).where(table.c.response_id == response_id).order_by(*order))
     ).all()
+
+
+def _event_columns(columns: object) -> tuple[ColumnElement[Any], ...]:
+    """``history_rows(event_columns=)`` as given, if it is column expressions over the events table
+    alone (``eventguard.verify`` reads a terminal's payload only) with ``response_id`` and
+    ``attempt`` among them (the rows are grouped and their attempts told apart by them); empty means
+    all of them. Anything else was an error from inside SQLAlchemy, rows grouped by nothing, or
+    another table's column joined to every event without a word (a cartesian product)."""
+    if isinstance(columns, str | bytes) or not isinstance(columns, Iterable):
+        raise _not_event_columns(columns)
+    chosen = tuple(columns)
+    for column in chosen:
+        if not isinstance(column, ColumnElement) or any(
+            table is not events for table in select(column).get_final_froms()
+        ):
+            raise _not_event_columns(column)
+    names = {getattr(column, "name", None) for column in chosen}
+    if chosen and not {"response_id", "attempt"} <= names:
+        raise InvalidQueryError("event_columns must include events.c.response_id and events.c.attempt")
+    return chosen
+
+
+def _not_event_columns(value: object) -> InvalidQueryError:
+    return InvalidQueryError(
+        f"event_columns must be columns of the events table, not {type(value).__name__} {value!r:.60}"
+    )
 
 
 async def _rows_of(

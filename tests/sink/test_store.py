@@ -13,7 +13,7 @@ from sqlalchemy import update
 from eventguard.errors import InvalidQueryError
 from eventguard.lifecycle import State
 from eventguard.sink import SqlSink
-from eventguard.sql.tables import responses
+from eventguard.sql.tables import events, responses
 from eventguard.store import ResponseStore
 
 from .conftest import Target
@@ -291,3 +291,36 @@ async def test_the_whole_store_iterators_take_the_same_batch_and_say_batch(
                     async for _ in iterate(batch=batch):  # type: ignore[arg-type]
                         pass
         assert len([h async for h in store.histories(batch=500)]) == 12
+
+
+async def test_history_rows_refuses_columns_it_cannot_group_by_an_invalid_query(
+    filled: tuple[SqlSink, ResponseStore],
+) -> None:
+    """``history_rows(event_columns=)`` takes columns of the events table, ``response_id`` and
+    ``attempt`` among them (its docstring's contract). Before: a column name as a string was
+    SQLAlchemy's ArgumentError, an int its TypeError, a list without ``response_id`` an
+    AttributeError on the first row, and another table's column a silent cartesian product (every
+    event once per response row); a list without ``attempt`` went through."""
+    _, store = filled
+    wrong: list[Any] = [
+        "response_id",
+        b"seq",
+        123,
+        ["response_id", "attempt"],
+        [events.c.response_id, events.c.attempt, responses.c.status],
+        [events.c.attempt, events.c.seq],
+        [events.c.response_id, events.c.seq],
+        [None],
+    ]
+    async with asyncio.timeout(60):
+        for columns in wrong:
+            with pytest.raises(InvalidQueryError) as caught:
+                async for _ in store.history_rows(10, columns):
+                    pass
+            assert str(caught.value).isprintable() and len(str(caught.value)) < 300
+        chosen = (events.c.response_id, events.c.attempt, events.c.seq)
+        rows = [
+            (row.response_id, [e.seq for e in evs]) async for row, evs, *_ in store.history_rows(5, chosen)
+        ]
+        everything = [(row.response_id, [e.seq for e in evs]) async for row, evs, *_ in store.history_rows(5)]
+    assert rows == everything and len(rows) == 12 and all(seqs for _rid, seqs in rows)
