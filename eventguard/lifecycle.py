@@ -120,6 +120,9 @@ class AnomalyKind(StrEnum):
     #: A replica's write was refused by its fencing token: another replica (or the reaper) took the
     #: response over after this one's lease expired (eventguard.replicas).
     FENCED_OUT = "fenced_out"
+    #: A cause flag (the cancellation signal, ``process_shutdown``, the context's ``client_cancelled``
+    #: or ``shutdown``) raised when read: taken as not set, the stream's own ending stands.
+    FLAG_UNREADABLE = "flag_unreadable"
 
     @property
     def correction(self) -> bool:

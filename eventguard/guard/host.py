@@ -28,7 +28,7 @@ class CancellationSignal(Protocol):
 class Host:
     """The cause flags of one response: the host's signal, its context, the process's shutdown flag."""
 
-    __slots__ = ("context", "frozen", "process_shutdown", "signal")
+    __slots__ = ("_said", "context", "frozen", "process_shutdown", "signal", "unreadable")
 
     def __init__(
         self, signal: CancellationSignal, context: Any = None, process_shutdown: object = None
@@ -45,23 +45,47 @@ class Host:
         self.process_shutdown = process_shutdown
         #: The flags as they were when the guard ended (:meth:`release`), else None.
         self.frozen: Flags | None = None
+        #: Told (the flag's name, the error) when a flag cannot be read: the guard records it.
+        self.unreadable: Callable[[str, Exception], None] | None = None
+        #: The flags already said to be unreadable (each is said once).
+        self._said: set[str] = set()
 
     def flags(self) -> Flags:
         """The cause flags at this moment (once released: at the moment it was)."""
         if self.frozen is not None:
             return self.frozen
-        signal = bool(self.signal.is_set())
-        process_shutdown = self.process_shutdown is not None and is_set(self.process_shutdown)
+        signal = self._read("cancellation_signal", self.signal)
+        process_shutdown = self.process_shutdown is not None and self._read(
+            "process_shutdown", self.process_shutdown
+        )
         ctx = self.context
         if ctx is None:
             # Without a context a set signal counts as a client cancel: never record a false success.
             return Flags(signal=signal, client_cancelled=signal, process_shutdown=process_shutdown)
         return Flags(
             signal=signal,
-            client_cancelled=bool(getattr(ctx, "client_cancelled", False)),
-            shutdown=is_set(getattr(ctx, "shutdown", None)),
+            client_cancelled=self._read("context.client_cancelled", ctx, "client_cancelled"),
+            shutdown=self._read("context.shutdown", ctx, "shutdown"),
             process_shutdown=process_shutdown,
         )
+
+    def _read(self, name: str, flag: object, attribute: str | None = None) -> bool:
+        """One flag (``flag``, or its ``attribute``), taken as not set when reading it raises.
+
+        Every ending asks for the flags: a read that raised (a remote flag store that is down, a
+        property that fails) ended the guard's own bookkeeping halfway, leaving the response
+        ``in_progress`` for good and its inner stream open. The stream's own ending stands instead,
+        and the guard records that this flag could not be read (:attr:`unreadable`)."""
+        try:
+            if attribute is not None:
+                flag = getattr(flag, attribute, None)
+            return is_set(flag)
+        except Exception as exc:
+            if name not in self._said:
+                self._said.add(name)
+                if self.unreadable is not None:
+                    self.unreadable(name, exc)
+            return False
 
     def resolve(self, options: GuardOptions, info: ResponseInfo | None) -> tuple[GuardOptions, ResponseInfo]:
         """``options`` with ``recoverable=None`` resolved (see :meth:`recoverable`), and ``info`` (by
@@ -83,6 +107,7 @@ class Host:
         The context holds the whole request (its input, its headers), and a finished guard may be
         kept for a while (``GuardedResponses.guard_for``): it must not keep the request with it.
         """
+        self.unreadable = None  # the guard's record is written: nothing more goes into it
         self.frozen = self.flags()
         self.context = None
         self.signal = _RELEASED

@@ -365,6 +365,13 @@ class Referee:
         self.go_slow()
         return {"type": "response.failed", "response": response}
 
+    def flag_unreadable(self, name: str, exc: Exception) -> None:
+        """The host adapter could not read the cause flag ``name``: it was taken as not set."""
+        self.anomaly(
+            AnomalyKind.FLAG_UNREADABLE,
+            f"{name} raised {type(exc).__name__} when read: taken as not set",
+        )
+
     def anomaly(
         self,
         kind: AnomalyKind,
