@@ -166,14 +166,40 @@ def json_of_model(model: BaseModel, *, exclude_none: bool = False) -> tuple[Any,
     try:
         return model.model_dump(mode="json", exclude_none=exclude_none), None
     except ValueError as exc:  # UnicodeDecodeError and PydanticSerializationError are ValueErrors
+        error: Exception = exc
+    try:
         # The model's own serialiser keeps its bytes mode: its Python dump, then plain data's.
         plain = model.model_dump(exclude_none=exclude_none)
-        dumped = to_jsonable_python(plain, bytes_mode="base64", fallback=repr)
+        dumped = to_jsonable_python(plain, bytes_mode="base64", fallback=_repr)
+    except Exception as exc:  # nested past pydantic's depth limit, a cycle, an object that cannot say itself
+        kept: dict[str, Any] = {}
+        left_out: list[str] = []
+        for name, value in model:  # field by field (the extra ones too): only what cannot be read goes
+            if value is None and exclude_none:
+                continue
+            try:
+                kept[name] = to_jsonable_python(value, bytes_mode="base64", fallback=_repr)
+            except Exception:
+                left_out.append(name)
+        without = ", ".join(map(repr, left_out)) or "its unreadable values"
         why = (
-            f"{type(model).__name__} holds values JSON cannot take ({type(exc).__name__}): "
-            "its bytes stored as base64, other objects as their repr"
+            f"{type(model).__name__} could not be read as JSON ({type(error).__name__}, then "
+            f"{type(exc).__name__}): stored without {without}"
         )
-        return dumped, why
+        return kept, why
+    why = (
+        f"{type(model).__name__} holds values JSON cannot take ({type(error).__name__}): "
+        "its bytes stored as base64, other objects as their repr"
+    )
+    return dumped, why
+
+
+def _repr(value: object) -> str:
+    """``repr(value)``, or a stand-in naming its type when its ``__repr__`` raises."""
+    try:
+        return repr(value)
+    except Exception:
+        return f"<{type(value).__qualname__} whose repr() raised>"
 
 
 def as_plain_dict(event: object) -> dict[str, Any] | None:
