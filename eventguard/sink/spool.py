@@ -384,9 +384,9 @@ class Spool:
 
 def not_a_spool(path: Path) -> str | None:
     """Why the file at ``path`` cannot be a spool, or None (no file there, an empty one, or one
-    that starts as a spool does: an entry's ``EG<version>`` header or a version-0 ``{``, after the
-    newline each append begins with). A file that cannot be read is left to the first append or
-    replay to say so."""
+    that starts as a spool does: an entry's ``EG<version> `` header or a version-0 ``{"response_id":``,
+    or a first append torn anywhere in them, after the newline each append begins with). A file that
+    cannot be read is left to the first append or replay to say so."""
     try:
         st = path.stat()
     except OSError:
@@ -401,9 +401,20 @@ def not_a_spool(path: Path) -> str | None:
     except OSError:
         return None
     head = head.lstrip(b"\r\n")
-    if not head or head.startswith((b"EG", b"{")) or b"EG".startswith(head):
+    # An entry's header (its version, or its first letters: a first append torn there), or a
+    # version-0 entry (or its start, torn).
+    if not head or _VERSION.match(head) or b"EG".startswith(head) or _V0.startswith(head[: len(_V0)]):
         return None
-    return "it holds something else (a spool starts with an entry: 'EG1 ...', or '{' in the oldest format)"
+    return (
+        "it holds something else (a spool starts with an entry: 'EG1 ...', or "
+        "'{\"response_id\":' in the oldest format)"
+    )
+
+
+#: How a version-0 entry begins: it was always a batch written as JSON, ``response_id`` first. A file
+#: that merely starts with ``{`` or ``EG`` (a JSON config, a JSON-lines log, "EGG recipes") is not a
+#: spool: taken as one, its replay set it aside, quarantined each line and deleted it.
+_V0 = b'{"response_id":'
 
 
 #: Enough of a file's start to tell a spool from anything else (its leading newlines skipped).

@@ -44,7 +44,18 @@ def _database(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize(
     "other",
-    ["the database", "a config file", "a binary file", "a directory", "a line of text"],
+    [
+        "the database",
+        "a config file",
+        "a binary file",
+        "a directory",
+        "a line of text",
+        # Each starts as the loose check of a spool did ('{' or 'EG'): each was replayed and deleted.
+        "a JSON config",
+        "a one-line JSON file",
+        "a JSON-lines log",
+        "text that starts with EG",
+    ],
 )
 def test_a_path_that_is_not_a_spool_is_refused_and_left_as_it_was(other: str, tmp_path: Path) -> None:
     db = _database(tmp_path)
@@ -54,7 +65,19 @@ def test_a_path_that_is_not_a_spool_is_refused_and_left_as_it_was(other: str, tm
         "a binary file": tmp_path / "blob.bin",
         "a directory": tmp_path / "spooldir",
         "a line of text": tmp_path / "notes.txt",
+        "a JSON config": tmp_path / "settings.json",
+        "a one-line JSON file": tmp_path / "package.json",
+        "a JSON-lines log": tmp_path / "app.log.jsonl",
+        "text that starts with EG": tmp_path / "recipes.txt",
     }[other]
+    written = {
+        "a JSON config": b'{\n  "server": {"port": 8080},\n  "debug": true\n}\n',
+        "a one-line JSON file": b'{"name": "my-app", "version": "1.0.0"}\n',
+        "a JSON-lines log": b'{"level":"info","msg":"started"}\n{"level":"warn","msg":"slow"}\n',
+        "text that starts with EG": b"EGG recipes\nTwo eggs, flour.\n",
+    }
+    if other in written:
+        path.write_bytes(written[other])
     if other == "a config file":
         path.write_text("[server]\nport = 8080\n")
     elif other == "a binary file":
@@ -99,7 +122,10 @@ def test_the_databases_own_files_are_refused_by_name_even_empty_or_absent(
     assert (tmp_path / (db.name + suffix)).read_bytes() == b""
 
 
-@pytest.mark.parametrize("content", [b"", b"\n", b"\n\n\n", b"\nEG1 ", b"\nE", b'\n{"response_id"'])
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"\n", b"\n\n\n", b"\nEG1 ", b"\nE", b"\nEG", b"\nEG1", b"\nEG1 27", b"\n{", b'\n{"response_id"'],
+)
 def test_an_empty_or_torn_spool_is_still_a_spool(content: bytes, tmp_path: Path) -> None:
     """What a spool can look like after a crash at any byte of its first append: still taken."""
     path = tmp_path / "spool.jsonl"
