@@ -270,6 +270,11 @@ class Spool:
             # Taken as the spool, the file would be appended to, then set aside by the replay, read
             # as bad entries and removed: a database file or a config file given by mistake, gone.
             raise ValueError(f"spool_path {str(path)!r} is not a spool file: {problem}")
+        if path.is_symlink():
+            # The spool is the file the link names (a mounted volume's, say): setting it aside renames
+            # it, and a rename of the link would move the link, leave the replayed entries in the
+            # target, and send the next appends to a new file where the link was.
+            path = Path(os.path.realpath(path))
         self.path = path
         self.fsync = fsync
 

@@ -151,3 +151,40 @@ def test_a_spool_the_sink_wrote_is_taken_and_replayed(tmp_path: Path) -> None:
             return replayed.events
 
     assert asyncio.run(main()) == len(script("resp_spooled"))
+
+
+def test_a_spool_named_by_a_symlink_is_replayed_where_the_link_points_and_the_link_stays(
+    tmp_path: Path,
+) -> None:
+    """A spool on a mounted volume, named by a link: the replay set the link aside (renamed it) and
+    deleted it, left the replayed entries in the target, and the next append made a new file where
+    the link had been, off the volume."""
+    db = tmp_path / "later.db"
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    target = volume / "spool.jsonl"
+    link = tmp_path / "spool.jsonl"
+    link.symlink_to(target)
+
+    async def spool_one(rid: str) -> None:
+        away = SqlSink("postgresql://u@127.0.0.1:9/away", spool_path=link, connect_timeout=1)
+        await run_guarded(away, script(rid))
+        await away.aclose()
+
+    async def main() -> int:
+        async with asyncio.timeout(STEP):
+            await spool_one("resp_linked_1")
+            assert target.stat().st_size > 0 and link.is_symlink()
+            sink = SqlSink(f"sqlite:///{db}", spool_path=link)
+            await sink.start()
+            replayed = await sink.replay_spool()
+            await sink.aclose()
+            assert link.is_symlink() and not target.exists()  # replayed and emptied, the link kept
+            await spool_one("resp_linked_2")
+            return replayed.events
+
+    assert asyncio.run(main()) == len(script("resp_linked_1"))
+    assert link.is_symlink() and Spool(link).pending()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["later.db", "spool.jsonl", "volume", *(p.name for p in tmp_path.glob("later.db-*"))]
+    )
