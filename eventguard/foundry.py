@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, cast
 from agent_framework_foundry_hosting import ResponsesHostServer
 
 from eventguard import _arguments as arguments
+from eventguard._text import one_line
 from eventguard.guard import Guard, GuardOptions, info_from_context
 from eventguard.lifecycle import ResponseInfo
 
@@ -54,6 +56,8 @@ OnCancel = Literal["omit", "emit"]
 T = TypeVar("T", bound=type)
 
 _UNSET: Any = object()
+
+log = logging.getLogger("eventguard.foundry")
 
 
 def _agent_name(server: object, context: object) -> str | None:
@@ -88,7 +92,8 @@ class GuardedResponses:
       or a host that stopped iterating after a cancel; ``None`` disables the watchdog.
     - ``keep_shutdown_completion`` (``eventguard_keep_shutdown_completion``): keep a ``completed``
       produced after shutdown was signalled (recorded as unverified) instead of failing it.
-    - ``on_guard``: called with each new :class:`~eventguard.Guard`, before its first event.
+    - ``on_guard``: called with each new :class:`~eventguard.Guard`, before its first event; an
+      error it raises is logged (``eventguard.foundry``) and the response goes on.
     - ``database`` (``eventguard_database``): one URL or ``AsyncEngine`` for everything: an
       :class:`~eventguard.SqlSink` for the guards (unless ``sink=`` is given; ``sink=None`` keeps
       only the store) and an :class:`~eventguard.SqlResponseProvider` as the host's response store
@@ -254,7 +259,14 @@ class GuardedResponses:
         )
         self._eventguard_remember(info.response_id, g)
         if self._eventguard_on_guard is not None:
-            self._eventguard_on_guard(g)
+            try:
+                self._eventguard_on_guard(g)
+            except Exception:
+                # The application's hook (metrics, a registry) is not the response: the stream goes
+                # on. Raised here, it left the guard unstepped (its row 'new' for good) and the host
+                # recorded the response failed.
+                shown = one_line(g.lifecycle.info.response_id)
+                log.warning("eventguard: on_guard raised for response %s", shown, exc_info=True)
         try:
             async with g as events:
                 async for event in events:

@@ -201,6 +201,11 @@ class _Core:
         """The guard is in use from its first step or close on: single use is spent."""
         if self._phase is Phase.NEW:
             self._phase = Phase.OPEN
+            if self._rec is not None:
+                # The row is written from here on ('new' until the stream says more), so that a run
+                # still thinking when its process dies is there for recover(). Not at construction:
+                # a guard dropped before its first step, which nothing ends, stayed 'new' for good.
+                self._rec.changed()
 
     async def _run(self) -> AsyncGenerator[Any, None]:
         """The hot loop: for an output or delta event, one subscript, one set lookup, a counter.

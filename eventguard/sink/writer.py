@@ -246,7 +246,9 @@ class Writer:
         self.ensure_writer()
         rec = SqlRecorder(self, lifecycle)
         self.collector.adopt(rec)
-        self._enqueue(rec)
+        # Not queued yet: its row is written with its first change (the guard's first step or
+        # close makes one). Queued here, a guard dropped before its first step, which nothing
+        # ends, left its row 'new' for good.
         return rec
 
     async def flush(self) -> None:

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from sqlalchemy import text
 
+from eventguard import guard
+from eventguard.lifecycle import ResponseInfo
 from eventguard.sink import SqlSink
 from eventguard.store import ResponseStore
 
 from .conftest import Target
-from .helpers import run_guarded, script
+from .helpers import aiter_of, run_guarded, script
 
 
 @pytest.fixture
@@ -74,3 +78,45 @@ async def test_view_answers_plain_sql(sink: SqlSink, store: ResponseStore) -> No
     assert statuses["completed"] == 1
     assert statuses["failed"] >= 1
     assert sum(statuses.values()) == 3
+
+
+async def test_a_guard_dropped_before_its_first_step_leaves_no_row_and_one_stepped_is_there_at_once(
+    sqlite_target: Target,
+) -> None:
+    """A guard built and dropped unstepped (the caller's own check fails in between): nothing ends
+    it (no generator, no finaliser), and its row, written at construction, stayed 'new' for good.
+    The row is written from the guard's first step instead, before the stream says anything, so a
+    run still thinking when its process dies is there for ``recover()``."""
+    t = sqlite_target
+    release = asyncio.Event()
+
+    async def thinking() -> AsyncIterator[Any]:
+        await release.wait()  # the model has not answered yet
+        for ev in script("resp_stepped"):
+            yield ev
+
+    async with SqlSink(t.url, spool_path=t.spool) as sink, asyncio.timeout(30):
+        dropped = guard(
+            aiter_of(script("resp_dropped")),
+            asyncio.Event(),
+            sink=sink,
+            info=ResponseInfo(response_id="resp_dropped"),
+        )
+        del dropped
+        gc.collect()
+        g = guard(thinking(), asyncio.Event(), sink=sink, info=ResponseInfo(response_id="resp_stepped"))
+        step = asyncio.ensure_future(anext(g))
+        await asyncio.sleep(0.01)
+        await sink.flush()
+        async with ResponseStore(t.url) as store:
+            assert [(r.response_id, r.status) for r in await store.recent(limit=10)] == [
+                ("resp_stepped", "new")
+            ]
+        release.set()
+        await step
+        async for _ in g:
+            pass
+    async with ResponseStore(t.url) as store, asyncio.timeout(30):
+        assert [(r.response_id, r.status) for r in await store.recent(limit=10)] == [
+            ("resp_stepped", "completed")
+        ]

@@ -168,3 +168,35 @@ async def test_mixin_options_as_class_attributes_and_on_guard_hook() -> None:
     assert server.guard_for(second.id) is seen[1]
     assert guarded_server(ResponsesHostServer).__mro__[1] is GuardedResponses
     assert guarded_server(Quiet) is Quiet
+
+
+async def test_an_on_guard_hook_that_raises_is_logged_and_the_response_goes_on(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, the hook's error left the guard unstepped: the host recorded the response failed and
+    the database kept its row 'new' for good."""
+    from eventguard.foundry import GuardedResponsesHostServer
+    from eventguard.sink import SqlSink
+    from eventguard.store import ResponseStore
+
+    def broken(_g: Guard) -> None:
+        raise KeyError("the metrics registry is gone")
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'eg.db'}"
+    agent, _ = chat_agent()
+    async with SqlSink(url, spool_path=tmp_path / "spool.jsonl") as sink:
+        server = GuardedResponsesHostServer(agent, sink=sink, on_guard=broken, configure_observability=None)
+        async with serving(server) as base_url, openai_client(base_url) as client:
+            async with asyncio.timeout(STEP):
+                done = await client.responses.create(model="scripted", input="one")
+                streamed = [
+                    ev.type async for ev in await client.responses.create(model="s", input="two", stream=True)
+                ]
+    assert done.status == "completed" and streamed[-1] == "response.completed"
+    assert (
+        caplog.text.count("on_guard raised for response") == 2
+        and "the metrics registry is gone" in caplog.text
+    )
+    async with ResponseStore(url) as store, asyncio.timeout(STEP):
+        rows = await store.recent(limit=10)
+    assert sorted(r.status for r in rows) == ["completed", "completed"]
