@@ -250,7 +250,8 @@ class SqlSink:
         Raises :class:`~eventguard.errors.SchemaMismatchError` naming the command to run when the schema is
         behind or ahead. Without ``start()``, the first ``recorder()`` starts the writer and a
         problem is logged once while batches go to the spool. A spool left from before is
-        replayed in the background, beside the new writes.
+        replayed in the background, beside the new writes. A sink that was closed (``aclose()``)
+        opens again: an application whose lifespan runs twice uses one sink for both.
         """
         await self.writer.start()
 

@@ -233,8 +233,11 @@ class Writer:
 
     # -- the sink's lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
-        """Check (or create) the schema and start the writer task; see ``SqlSink.start``."""
+        """Check (or create) the schema and start the writer task; see ``SqlSink.start``. A closed
+        sink opens again (an app's second lifespan): its engines, its SQLite thread and its writer
+        task are made anew as for a first start."""
         st = self.loops.here()
+        self.closed = False
         async with st.lock, asyncio.timeout(self.config.prepare_timeout):
             await self._prepare()
         self.ensure_writer()

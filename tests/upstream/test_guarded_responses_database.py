@@ -70,6 +70,35 @@ async def test_the_app_lifespan_opens_and_closes_both(tmp_path: Path) -> None:
         await again.aclose()
 
 
+async def test_an_app_whose_lifespan_runs_twice_records_in_both(tmp_path: Path) -> None:
+    """A second lifespan (a test client per test, an embedding app) opens the same sink again. Before,
+    the sink stayed closed: every response of the second lifetime was a 500 from ``Guard()`` ("is
+    closed") and nothing was recorded, while the response store served both lifetimes."""
+    import httpx
+
+    server = build(database=f"sqlite:///{tmp_path / 'twice.db'}", migrate=True)
+    storage = server.eventguard_storage
+    assert storage is not None and storage.sink is not None
+    answered: list[tuple[int, str]] = []
+    async with asyncio.timeout(60):
+        for turn in ("one", "two"):
+            async with (
+                server.router.lifespan_context(server),
+                httpx.AsyncClient(
+                    transport=httpx.ASGITransport(app=server), base_url="http://host"
+                ) as client,
+            ):
+                reply = await client.post("/responses", json={"model": "m", "input": turn})
+                answered.append((reply.status_code, reply.json().get("status", "")))
+            assert storage.sink.closed and not storage.sink.writing()
+        async with SqlSink(storage.sink.url) as reader, reader.engine.connect() as conn:
+            from sqlalchemy import text
+
+            rows = (await conn.execute(text("SELECT status FROM eventguard_responses"))).scalars().all()
+    assert answered == [(200, "completed"), (200, "completed")]
+    assert sorted(rows) == ["completed", "completed"]
+
+
 def test_the_agent_sessions_live_in_the_same_database(tmp_path: Path) -> None:
     server = build(database=f"sqlite:///{tmp_path / 'sessions.db'}")
     storage = server.eventguard_storage
