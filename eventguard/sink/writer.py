@@ -296,6 +296,7 @@ class Writer:
             await self.flush()
         except Exception as exc:  # pragma: no cover - flush keeps everything itself
             self.unexpected(exc, "the final flush")
+        await self._replay_before_closing()
         self.closed = True
         for other in self.loops.states:
             engine, other.engine = other.engine, None
@@ -315,6 +316,23 @@ class Writer:
             self._unbound = None
         if self.sqlite_thread is not None:
             await self.sqlite_thread.close()
+
+    async def _replay_before_closing(self) -> None:
+        """Load what was spooled while the database took writes (an overflow spill, a replay the
+        close stopped) before the sink closes, within ``close_timeout``: a short-lived job's events
+        were left out of a healthy database until the next start. In an outage, or past the bound,
+        they stay in the spool (the next start, or ``eventguard spool replay``, loads them)."""
+        if self.outage.reason is not None or not self.replayer.spooled:
+            return
+        try:
+            async with asyncio.timeout(self.close_timeout):
+                await self.replayer.run()
+        except Exception as exc:  # TimeoutError included; a cancel of the close goes through
+            log.warning(
+                "eventguard sink: closing with %s not yet replayed (%s); the next start replays it",
+                self.spool.path,
+                self.report.why(exc),
+            )
 
     async def _stop(self, task: asyncio.Task[Any], *, cancel: bool) -> None:
         """Let ``task`` end (or cancel it), within bounds; its own errors are not ours to raise

@@ -112,6 +112,21 @@ async def test_an_overflow_spill_is_replayed_without_a_restart(target: Target, o
         await sink.aclose()
 
 
+async def test_what_overflowed_is_in_the_database_once_the_sink_is_closed(target: Target) -> None:
+    """A short-lived job: many streams at once past ``max_buffered``, then ``aclose()`` on a
+    healthy database. Before, the background replay of the spill was cancelled by the close, and
+    the events stayed out of the database (in the spool) until the next start."""
+    async with asyncio.timeout(60):
+        sink = make_sink(target, max_buffered=5, flush_every=5)
+        await sink.start()
+        seen = await asyncio.gather(*(run_guarded(sink, script(f"resp_spill_{i}", 40)) for i in range(10)))
+        assert sink.stats.overflows > 0
+        await sink.aclose()
+        for i, got in enumerate(seen):
+            assert await stored(sink, f"resp_spill_{i}") == ("completed", len(got))
+    assert not sink.spool.pending()
+
+
 # -- nothing waits on the event loop ------------------------------------------------------------------
 
 
