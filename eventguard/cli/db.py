@@ -77,6 +77,9 @@ def upgrade(
     json: Json = False,
 ) -> None:
     """Create the schema, or upgrade it to this eventguard's version (idempotent)."""
+    _revision(revision)
+    if start is not None:
+        _revision(start, "--from")
     url = resolve(database_url, schema)
     if start is not None and not sql:
         fail("--from goes with --sql (a live upgrade starts from the database's own revision)")
@@ -114,6 +117,7 @@ def downgrade(
     """Downgrade the schema to REVISION. `base` removes eventguard's tables and their data."""
     if revision.startswith("-") and not revision[1:].isdigit():
         fail(f"no such option: {revision} (a relative REVISION is -N, such as -1)")
+    _revision(revision)
     url = resolve(database_url, schema)
     ensure_exists(url)
 
@@ -132,6 +136,7 @@ def stamp(
     json: Json = False,
 ) -> None:
     """Record REVISION as the schema's revision without running a migration (tables made another way)."""
+    _revision(revision)
     url = resolve(database_url, schema)
     ensure_exists(url)
 
@@ -188,3 +193,11 @@ def history(json: Json = False) -> None:
 
 def _rev(revisions: tuple[str, ...]) -> str:
     return ", ".join(revisions) if revisions else "(none)"
+
+
+def _revision(value: str, name: str = "REVISION") -> None:
+    """A revision argument Alembic can take, or one line naming the argument (not the database)."""
+    try:
+        _migrate.check_revision(value, name)
+    except ValueError as exc:
+        fail(str(exc))

@@ -15,6 +15,7 @@ from eventguard.cli._common import (
     command,
     emit_json,
     ensure_exists,
+    fail,
     out,
     printable,
     progress,
@@ -50,10 +51,13 @@ def replay(
     """
     url = resolve(database_url, schema)
     ensure_exists(url)
+    try:  # the spool path is checked here (not the database): a file that is not a spool is refused
+        sink = SqlSink(url, schema=schema, spool_path=spool, auto_migrate=False)
+    except ValueError as exc:
+        fail(f"--spool: {exc}")
 
     async def work() -> tuple[Path, ReplayResult, int]:
         await check_schema(url, schema)
-        sink = SqlSink(url, schema=schema, spool_path=spool, auto_migrate=False)
         try:
             result = await sink.replay_spool()
             # What is still there: written meanwhile, kept after an outage, or another replay's.

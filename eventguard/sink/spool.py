@@ -394,8 +394,10 @@ def not_a_spool(path: Path) -> str | None:
     cannot be read is left to the first append or replay to say so."""
     try:
         st = path.stat()
-    except OSError:
+    except FileNotFoundError:
         return None
+    except OSError as exc:  # a name too long, a parent that is a file: no spool can ever be there
+        return f"it cannot be a file ({exc.strerror or type(exc).__name__})"
     if stat.S_ISDIR(st.st_mode):
         return "it is a directory"
     if not stat.S_ISREG(st.st_mode):

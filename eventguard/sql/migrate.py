@@ -135,12 +135,19 @@ def _locked_run(connection: Connection, direction: str, revision: str) -> None:
     _run(connection, direction, revision)
 
 
-async def _migrate(engine: AsyncEngine, direction: str, revision: str) -> None:
+def check_revision(revision: object, name: str = "revision") -> str:
+    """``revision`` itself if Alembic can take it as one (printable text, not empty), else a
+    ValueError naming ``name``: Alembic failed on such a value deep inside (TypeError,
+    AssertionError), after a live migration had taken its lock."""
     if not isinstance(revision, str) or not revision or not revision.isprintable():
-        # Alembic would fail on it deep inside (TypeError, AssertionError), after taking the lock.
         raise ValueError(
-            f"revision must be a revision id, a step such as -1, 'head' or 'base', not {revision!r:.80}"
+            f"{name} must be a revision id, a step such as -1, 'head' or 'base', not {revision!r:.80}"
         )
+    return revision
+
+
+async def _migrate(engine: AsyncEngine, direction: str, revision: str) -> None:
+    check_revision(revision)
     # One transaction around the whole run: on both databases DDL is transactional, so a
     # failed migration leaves the schema as it was.
     async with _one_in_this_process(), engine.begin() as conn:
@@ -247,6 +254,9 @@ def upgrade_sql(
         start: the revision the database is at (None: an empty database).
         schema: a PostgreSQL schema; the script starts with ``SET search_path`` to it.
     """
+    check_revision(revision)
+    if start is not None:
+        check_revision(start, "start")
     buffer = io.StringIO()
     cfg = alembic_config()
     cfg.output_buffer = buffer

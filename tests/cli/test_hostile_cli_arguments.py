@@ -210,6 +210,41 @@ def test_a_hostile_argument_gets_one_clear_line_and_exit_code_2(where: str, data
     assert tally.went_in == len(VALUES) + len(EXTRA), line
 
 
+def test_a_hostile_revision_or_spool_path_gets_one_clear_line_not_the_databases_blame(tmp_path: Path) -> None:
+    """``db`` and ``spool`` commands, on a database of their own (a revision such as -1 is taken).
+    Before: an empty or unprintable REVISION, a bad ``--from``, a ``--spool`` that is not a spool
+    or cannot be a file were each said as "cannot use the database ...: ValueError" (or
+    AssertionError)."""
+    sqlite = ["--database-url", f"sqlite:///{tmp_path / 'own.db'}"]
+    assert invoke(["db", "upgrade", *sqlite]).exit_code == 0
+    (tmp_path / "settings.json").write_text('{"debug": true}\n')
+    tally = Tally()
+    for kind, value in {**VALUES, **EXTRA, "not_a_spool": "settings.json", "too_long": "x" * 5000}.items():
+        for args in (
+            ["db", "stamp", value, *sqlite],
+            ["db", "upgrade", "--sql", "--from", value, *sqlite],
+            ["db", "upgrade", value, *sqlite],
+            ["db", "downgrade", value, *sqlite],
+            ["spool", "replay", "--spool", str(tmp_path / value), *sqlite],
+        ):
+            got = invoke(args)
+            said = got.output.strip()
+            if got.exit_code == 0:
+                tally.exact()
+            elif got.exit_code != 2 or "\n" in said or not said.startswith("eventguard: error:"):
+                tally.bad(f"{kind} {args[:2]}", f"exit {got.exit_code}: {said[:300]!a}")
+            elif "cannot use the database" in said or not terminal_safe(said) or len(said) > 3000:
+                tally.bad(f"{kind} {args[:2]}", f"said: {said[:300]!a}")
+            else:
+                tally.refused("exit_2")
+            if args[1] == "downgrade" and got.exit_code == 0:
+                assert invoke(["db", "upgrade", *sqlite]).exit_code == 0  # back to head for the next
+    line = record(tally, "cli db REVISION / spool --spool")
+    assert tally.wrong == [], line
+    assert tally.went_in == 5 * (len(VALUES) + len(EXTRA) + 2), line
+    assert (tmp_path / "settings.json").read_text() == '{"debug": true}\n'
+
+
 def test_a_hostile_schema_or_url_gets_one_clear_line_and_exit_code_2(tmp_path: Path) -> None:
     tally = Tally()
     sqlite = f"sqlite:///{tmp_path / 'none.db'}"
