@@ -45,6 +45,7 @@ database), :meth:`Spool.release` keeps it for the next replay.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -394,10 +395,10 @@ def not_a_spool(path: Path) -> str | None:
     cannot be read is left to the first append or replay to say so."""
     try:
         st = path.stat()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:  # a name too long, a parent that is a file: no spool can ever be there
-        return f"it cannot be a file ({exc.strerror or type(exc).__name__})"
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:  # no file can ever be there
+            return f"it cannot be a file ({exc.strerror})"
+        return None  # not there (yet): the first append says what stops it, and spools meanwhile
     if stat.S_ISDIR(st.st_mode):
         return "it is a directory"
     if not stat.S_ISREG(st.st_mode):
