@@ -286,17 +286,27 @@ def read_file(path: Path) -> list[QuarantineRecord]:
         for line in fh:
             try:
                 d = json.loads(line)
-                out.append(
-                    QuarantineRecord(
-                        origin=d["origin"],
-                        reason=d["reason"],
-                        at=datetime.fromisoformat(d["at"]),
-                        record=d["record"],
-                        response_id=d.get("response_id"),
-                        attempt=d.get("attempt"),
-                        stream_id=d.get("stream_id"),
-                    )
+                record = QuarantineRecord(
+                    origin=d["origin"],
+                    reason=d["reason"],
+                    at=datetime.fromisoformat(d["at"]),
+                    record=d["record"],
+                    response_id=d.get("response_id"),
+                    attempt=d.get("attempt"),
+                    stream_id=d.get("stream_id"),
                 )
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):  # nested past the parser's depth
                 continue
+            if _well_formed(record):  # a line of the wrong shape failed later, in content() or a write
+                out.append(record)
     return out
+
+
+def _well_formed(record: QuarantineRecord) -> bool:
+    texts = (record.origin, record.reason, record.record)
+    optional = (record.response_id, record.stream_id)
+    return (
+        all(type(v) is str for v in texts)
+        and all(v is None or type(v) is str for v in optional)
+        and (record.attempt is None or type(record.attempt) is int)
+    )

@@ -204,6 +204,25 @@ async def test_the_quarantine_falls_back_to_a_file_beside_the_spool(
     assert str(path) in caplog.text
 
 
+def test_reading_the_quarantine_file_skips_a_damaged_line_and_keeps_the_rest(tmp_path: Path) -> None:
+    """The docstring's promise, for the damage that broke it: a line nested 100,000 deep raised
+    RecursionError and the whole read failed; a line of the wrong shape (origin an int, record a
+    dict) was returned, and failed later in ``content()``."""
+    good = {"origin": "spool", "reason": "r", "at": "2026-01-01T00:00:00+00:00", "record": "{}"}
+    damaged = {
+        "nested": b"[" * 100_000 + b"]" * 100_000,
+        "wrong types": json.dumps({**good, "origin": 1, "record": {"a": 1}}).encode(),
+        "attempt a bool": json.dumps({**good, "attempt": True}).encode(),
+        "not UTF-8": b"\xff\xfe" + json.dumps(good).encode(),
+        "torn": json.dumps(good).encode()[:30],
+    }
+    for name, line in damaged.items():
+        path = tmp_path / "q.jsonl"
+        path.write_bytes(b"\n".join([json.dumps(good).encode(), line, json.dumps(good).encode()]) + b"\n")
+        records = quarantine.read_file(path)
+        assert [r.content() for r in records] == [{}, {}], name
+
+
 async def test_replay_quarantines_a_refused_batch_and_loads_the_rest(
     target: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
