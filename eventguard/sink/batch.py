@@ -316,7 +316,20 @@ def _opt_time(value: object, path: str) -> datetime | None:
 def _json_text(value: object, path: str) -> PreSerialised:
     if type(value) is not str:
         raise _bad(path, "JSON text (a string)", value)
-    return PreSerialised(value)
+    return _json_checked(value, path)
+
+
+def _json_checked(text: str, path: str) -> PreSerialised:
+    """``text``, stored as it is in a JSON column, if it is JSON: PostgreSQL's jsonb refuses what is
+    not, but SQLite stores any text, and reading the response back failed on it."""
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        try:  # orjson takes no lone surrogate, which the utf8-bytes form keeps: the slow parser does
+            json.loads(text)
+        except ValueError:
+            raise BatchFormatError(f"{path}: not JSON text: {_short(text)}") from None
+    return PreSerialised(text)
 
 
 def _list(value: object, path: str) -> list[Any]:
@@ -420,7 +433,7 @@ def _events(value: object) -> tuple[list[EventRow], datetime | None]:
             _int(s, f"events[{i}].seq")
             _opt_str(t, f"events[{i}].type")
             _str(p, f"events[{i}].payload")
-        append((a, s, t, PreSerialised(p)))
+        append((a, s, t, _json_checked(p, f"events[{i}].payload")))
     return out, _opt_time(first_at, "events[0].recorded_at")
 
 

@@ -399,6 +399,12 @@ WRONG_SHAPES: dict[str, tuple[bytes, str]] = {
     "transition_null": (_body(transitions=[None]), "transitions[0]: expected an object, got null"),
     "transitions_an_object": (_body(transitions={}), "transitions: expected an array, got an object"),
     "anomaly_time_garbled": (_nested(("anomalies", 0, "at"), "soon"), "anomalies[0].at: expected an ISO"),
+    # PostgreSQL's jsonb refuses these; SQLite stored them, and reading the response back failed.
+    "event_payload_not_json": (_nested(("events", 0, 3), "{not json"), "events[0].payload: not JSON text"),
+    "anomaly_payload_not_json": (
+        _nested(("anomalies", 0, "payload"), "[1, 2"),
+        "anomalies[0].payload: not JSON text",
+    ),
     "anomaly_payload_an_object": (
         _nested(("anomalies", 0, "payload"), {"a": 1}),
         "anomalies[0].payload: expected JSON text (a string), got an object",
