@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, quote_plus, unquote, unquote_plus
+from urllib.parse import quote, quote_plus, unquote, unquote_plus, urlsplit
 
 import aiosqlite
 import orjson
@@ -320,10 +320,21 @@ def is_sqlite(url: URL) -> bool:
 
 
 def sqlite_path(url: URL) -> Path | None:
-    """The file behind an SQLite URL, or None for an in-memory database."""
-    if not is_sqlite(url) or url.database in (None, "", ":memory:"):
+    """The file behind an SQLite URL, or None for an in-memory database.
+
+    A URI filename (``sqlite:///file:/data/app.db?mode=rwc&uri=true``, as SQLAlchemy documents it)
+    names the file in its path: taken literally, ``file:/data/app.db`` made a directory tree named
+    ``file:`` in the working directory, and the file was looked for there."""
+    database = url.database
+    if not is_sqlite(url) or not database or database == ":memory:":
         return None
-    return Path(url.database)
+    if str(url.query.get("uri", "")).lower() in ("true", "1") and database.startswith("file:"):
+        if url.query.get("mode") == "memory":
+            return None
+        database = unquote(urlsplit(database).path)
+        if database in ("", ":memory:"):
+            return None
+    return Path(database)
 
 
 def sqlite_writer(url: URL, *, busy_timeout_ms: int = 30_000) -> SqliteThread | None:
