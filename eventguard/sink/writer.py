@@ -322,7 +322,8 @@ class Writer:
         close stopped) before the sink closes, within ``close_timeout``: a short-lived job's events
         were left out of a healthy database until the next start. In an outage, or past the bound,
         they stay in the spool (the next start, or ``eventguard spool replay``, loads them)."""
-        if self.outage.reason is not None or not self.replayer.spooled:
+        away = self.outage.reason is not None or self.outage.retry_at > time.monotonic()
+        if away or not self.replayer.spooled:
             return
         try:
             async with asyncio.timeout(self.close_timeout):
