@@ -437,10 +437,18 @@ def _upsert_tail(dialect: Dialect, distinct: str) -> str:
         f"{t}.stream_id IS NULL OR excluded.stream_id IS NULL OR {t}.stream_id = excluded.stream_id"
         f" OR {t}.attempt < excluded.attempt"
     )
+    # The one change a terminal row takes: its own stream counting, at the same state, an event
+    # forwarded after the guard recorded its own ending (the terminal it owed a consumer that
+    # resumed). Without it the row's event_count stayed one short of the stored events.
+    counts_on = (
+        f"{t}.status IN ({sql_list(TERMINAL)}) AND {t}.owner = excluded.owner"
+        f" AND {t}.attempt = excluded.attempt AND {t}.state_seq = excluded.state_seq"
+        f" AND {t}.stream_id = excluded.stream_id AND {t}.event_count < excluded.event_count"
+    )
     return (
         f" ON CONFLICT (response_id) DO UPDATE SET {sets}, version = {t}.version + 1"
-        f" WHERE {t}.status NOT IN ({sql_list(TERMINAL)}) AND ({moves_forward}) AND ({leaves_interrupted})"
-        f" AND ({own_stream})"
+        f" WHERE ({t}.status NOT IN ({sql_list(TERMINAL)}) AND ({moves_forward}) AND ({leaves_interrupted})"
+        f" AND ({own_stream})) OR ({counts_on})"
     )
 
 
