@@ -192,8 +192,7 @@ class _Core:
         #: The stuck-stream watchdog: its task, and the books of the cancel it may send (watchdog.py).
         self._watchdog = Watchdog()
         #: The I/O-free referee: lifecycle events, terminals, anomalies, decisions (referee.py).
-        self._ref = ref = Referee(self.lifecycle, self._rec, options, host)
-        host.unreadable = ref.flag_unreadable
+        self._ref = Referee(self.lifecycle, self._rec, options, host)
         #: How the consumer is closing the guard while its generator unwinds (see _end_closed).
         self._closing: Ending | None = None
 

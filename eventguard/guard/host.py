@@ -45,9 +45,10 @@ class Host:
         self.process_shutdown = process_shutdown
         #: The flags as they were when the guard ended (:meth:`release`), else None.
         self.frozen: Flags | None = None
-        #: Told (the flag's name, the error) when a flag cannot be read: the guard records it.
-        self.unreadable: Callable[[str, Exception], None] | None = None
-        #: The flags already said to be unreadable (each is said once).
+        #: Flags whose read raised and that nobody has taken yet (:meth:`take_unreadable`): (the
+        #: flag's name, the error), each flag once.
+        self.unreadable: list[tuple[str, Exception]] = []
+        #: The flags already found unreadable.
         self._said: set[str] = set()
 
     def flags(self) -> Flags:
@@ -75,7 +76,7 @@ class Host:
         Every ending asks for the flags: a read that raised (a remote flag store that is down, a
         property that fails) ended the guard's own bookkeeping halfway, leaving the response
         ``in_progress`` for good and its inner stream open. The stream's own ending stands instead,
-        and the guard records that this flag could not be read (:attr:`unreadable`)."""
+        and the guard records that this flag could not be read (:meth:`take_unreadable`)."""
         try:
             if attribute is not None:
                 flag = getattr(flag, attribute, None)
@@ -83,9 +84,13 @@ class Host:
         except Exception as exc:
             if name not in self._said:
                 self._said.add(name)
-                if self.unreadable is not None:
-                    self.unreadable(name, exc)
+                self.unreadable.append((name, exc))
             return False
+
+    def take_unreadable(self) -> list[tuple[str, Exception]]:
+        """The flags found unreadable since the last call (each flag once in a guard's life)."""
+        found, self.unreadable = self.unreadable, []
+        return found
 
     def resolve(self, options: GuardOptions, info: ResponseInfo | None) -> tuple[GuardOptions, ResponseInfo]:
         """``options`` with ``recoverable=None`` resolved (see :meth:`recoverable`), and ``info`` (by
@@ -107,8 +112,8 @@ class Host:
         The context holds the whole request (its input, its headers), and a finished guard may be
         kept for a while (``GuardedResponses.guard_for``): it must not keep the request with it.
         """
-        self.unreadable = None  # the guard's record is written: nothing more goes into it
         self.frozen = self.flags()
+        self.unreadable = []  # the guard's record is written: nothing more goes into it
         self.context = None
         self.signal = _RELEASED
         self.process_shutdown = None

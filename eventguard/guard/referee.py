@@ -140,7 +140,14 @@ class Referee:
         self._owed: Decision | None = None
 
     def flags(self) -> Flags:
-        return self._host.flags()
+        flags = self._host.flags()
+        if self._host.unreadable:
+            for name, exc in self._host.take_unreadable():
+                self.anomaly(
+                    AnomalyKind.FLAG_UNREADABLE,
+                    f"{name} raised {type(exc).__name__} when read: taken as not set",
+                )
+        return flags
 
     def go_slow(self) -> None:
         """From now on every event takes the slow path."""
@@ -364,13 +371,6 @@ class Referee:
             self.stage = Stage.AFTER_TERMINAL
         self.go_slow()
         return {"type": "response.failed", "response": response}
-
-    def flag_unreadable(self, name: str, exc: Exception) -> None:
-        """The host adapter could not read the cause flag ``name``: it was taken as not set."""
-        self.anomaly(
-            AnomalyKind.FLAG_UNREADABLE,
-            f"{name} raised {type(exc).__name__} when read: taken as not set",
-        )
 
     def anomaly(
         self,
