@@ -440,10 +440,14 @@ def _upsert_tail(dialect: Dialect, distinct: str) -> str:
     # The one change a terminal row takes: its own stream counting, at the same state, an event
     # forwarded after the guard recorded its own ending (the terminal it owed a consumer that
     # resumed). Without it the row's event_count stayed one short of the stored events.
+    # The same status too: a stream's own write at one state_seq always carries it, while a row
+    # another writer ended under the same owner name (a replica's reaper that is also the sink's
+    # owner) keeps that state_seq with its own terminal, which a live stream must not move back.
     counts_on = (
-        f"{t}.status IN ({sql_list(TERMINAL)}) AND {t}.owner = excluded.owner"
-        f" AND {t}.attempt = excluded.attempt AND {t}.state_seq = excluded.state_seq"
-        f" AND {t}.stream_id = excluded.stream_id AND {t}.event_count < excluded.event_count"
+        f"{t}.status IN ({sql_list(TERMINAL)}) AND {t}.status = excluded.status"
+        f" AND {t}.owner = excluded.owner AND {t}.attempt = excluded.attempt"
+        f" AND {t}.state_seq = excluded.state_seq AND {t}.stream_id = excluded.stream_id"
+        f" AND {t}.event_count < excluded.event_count"
     )
     return (
         f" ON CONFLICT (response_id) DO UPDATE SET {sets}, version = {t}.version + 1"

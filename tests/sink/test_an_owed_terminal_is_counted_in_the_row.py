@@ -48,3 +48,44 @@ async def test_the_terminal_owed_after_an_abandoned_ending_is_counted_in_the_row
     assert (record.status, record.cause) == ("cancelled", "client_cancel")
     stored = sum(len(a.events) for a in history.attempts)
     assert (record.event_count, stored) == (4, 4)
+
+
+async def test_a_terminal_row_takes_only_a_higher_count_at_the_same_state_and_status(target: Target) -> None:
+    """The one change a terminal row takes (the count of its own stream at the same state) must not
+    be a way back: a row of the same owner, attempt, stream and state but another status (a
+    replica's reaper that ended the run under the sink's own owner name, while the stream lives on)
+    stays as it is."""
+    import copy
+
+    from sqlalchemy import select
+
+    from eventguard.sink.apply import write
+    from eventguard.sql.tables import responses
+
+    from .test_spool_format import make_batch
+
+    ended = make_batch("resp_ended_row")  # failed, state_seq 3, event_count 3
+    ended.stream_id = "stream_ended_row"
+    live = copy.deepcopy(ended)
+    live.events, live.transitions, live.anomalies, live.refusal_idx = [], [], [], None
+    live.row.update(status="in_progress", cause=None, finished_at=None, event_count=7)
+    live.terminal = False
+    counted = copy.deepcopy(live)
+    counted.row.update(status="failed", cause="error", finished_at=ended.row["finished_at"], event_count=4)
+    counted.terminal = True
+    sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
+    await sink.start()
+    r = responses.c
+    try:
+        async with asyncio.timeout(30):
+            rows = []
+            for batch in (ended, live, counted):
+                async with sink.engine.begin() as conn:
+                    await write(conn, [batch])
+                async with sink.engine.connect() as conn:
+                    query = select(r.status, r.finished_at, r.event_count)
+                    row = (await conn.execute(query.where(r.response_id == batch.response_id))).one()
+                rows.append((row.status, row.finished_at is not None, row.event_count))
+    finally:
+        await sink.aclose()
+    assert rows == [("failed", True, 3), ("failed", True, 3), ("failed", True, 4)]
