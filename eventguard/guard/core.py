@@ -200,11 +200,6 @@ class _Core:
         """The guard is in use from its first step or close on: single use is spent."""
         if self._phase is Phase.NEW:
             self._phase = Phase.OPEN
-            if self._rec is not None:
-                # The row is written from here on ('new' until the stream says more), so that a run
-                # still thinking when its process dies is there for recover(). Not at construction:
-                # a guard dropped before its first step, which nothing ends, stayed 'new' for good.
-                self._rec.changed()
 
     async def _run(self) -> AsyncGenerator[Any, None]:
         """The hot loop: for an output or delta event, one subscript, one set lookup, a counter.
@@ -227,6 +222,12 @@ class _Core:
                 # collected and finalised like an async generator, and that cancels the watchdog.
                 self._watchdog.start(loop, self._gen_ref, self._ref, self._host, grace)
         rec = self._rec
+        if rec is not None:
+            # The row is written from the first step on ('new' until the stream says more), so that
+            # a run still thinking when its process dies is there for recover(). Not at construction:
+            # a guard dropped before its first step, which nothing ends, left its row 'new' (until a
+            # recover() took it for an interrupted run). A guard closed unstepped records its ending.
+            rec.changed()
         # Plain str types already seen to need nothing but forwarding; emptied (Referee.go_slow) once
         # every event must take the slow path: after the terminal, or when the guard is ending.
         ref = self._ref
