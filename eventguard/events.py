@@ -174,11 +174,17 @@ def json_of_model(model: BaseModel, *, exclude_none: bool = False) -> tuple[Any,
     except Exception as exc:  # nested past pydantic's depth limit, a cycle, an object that cannot say itself
         kept: dict[str, Any] = {}
         left_out: list[str] = []
-        for name, value in model:  # field by field (the extra ones too): only what cannot be read goes
-            if value is None and exclude_none:
-                continue
+        for name, _value in model:  # field by field (the extra ones too): only what cannot be read goes
+            # Through the model's own dump, one field at a time, so that its exclusions and field
+            # serialisers (a redacting one, say) still apply.
             try:
-                kept[name] = to_jsonable_python(value, bytes_mode="base64", fallback=_repr)
+                kept.update(model.model_dump(mode="json", include={name}, exclude_none=exclude_none))
+                continue
+            except Exception:
+                pass
+            try:
+                one = model.model_dump(include={name}, exclude_none=exclude_none)
+                kept.update(to_jsonable_python(one, bytes_mode="base64", fallback=_repr))
             except Exception:
                 left_out.append(name)
         without = ", ".join(map(repr, left_out)) or "its unreadable values"

@@ -78,3 +78,30 @@ async def test_a_snapshot_json_cannot_hold_is_kept_without_that_value_and_the_st
     else:
         assert said[0].startswith(f"{where}: ResponseSnapshot could not be read as JSON ("), said
         assert said[0].endswith("): stored without 'metadata'"), said
+
+
+def test_a_model_read_field_by_field_keeps_its_own_exclusions_and_serialisers() -> None:
+    """When even the fallback cannot read a model, it is read field by field through its own dump:
+    a field it excludes stays out, and a field serialiser (a redacting one) still applies. A first
+    version read each value raw and stored the excluded secret."""
+    from pydantic import BaseModel, ConfigDict, Field, field_serializer
+
+    from eventguard.events import json_of_model
+
+    cyclic: list[Any] = []
+    cyclic.append(cyclic)
+
+    class Model(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        secret: str = Field("hunter2", exclude=True)
+        token: str = "abc"
+        loop: list[Any] = cyclic
+        count: int = 1
+
+        @field_serializer("token")
+        def _mask(self, _value: str) -> str:
+            return "***"
+
+    dumped, why = json_of_model(Model(more={"x": 1}))
+    assert dumped == {"token": "***", "count": 1, "more": {"x": 1}}
+    assert why is not None and why.endswith("stored without 'loop'")
