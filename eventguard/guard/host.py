@@ -82,10 +82,13 @@ class Host:
                 flag = getattr(flag, attribute, None)
             return is_set(flag)
         except Exception as exc:
-            if name not in self._said:
-                self._said.add(name)
-                self.unreadable.append((name, exc))
+            self._note(name, exc)
             return False
+
+    def _note(self, name: str, exc: Exception) -> None:
+        if name not in self._said:
+            self._said.add(name)
+            self.unreadable.append((name, exc))
 
     def take_unreadable(self) -> list[tuple[str, Exception]]:
         """The flags found unreadable since the last call (each flag once in a guard's life)."""
@@ -123,7 +126,11 @@ class Host:
         if self.frozen is not None:
             return
         signal = self.signal
-        shutdown = getattr(self.context, "shutdown", None) if self.context is not None else None
+        try:
+            shutdown = getattr(self.context, "shutdown", None) if self.context is not None else None
+        except Exception as exc:  # a property that fails: watched as not set, as flags() reads it
+            self._note("context.shutdown", exc)
+            shutdown = None
         if isinstance(signal, asyncio.Event) and (shutdown is None or isinstance(shutdown, asyncio.Event)):
             # Nothing to poll: woken only by the signal (or the shutdown flag) itself.
             if shutdown is None:
@@ -137,7 +144,9 @@ class Host:
                     w.cancel()
             return
         # A signal we cannot wait on (a threading.Event, any object with is_set()): poll it, gently.
-        while not (signal.is_set() or is_set(shutdown)):
+        # Each read as flags() reads it: one that raises (a flag store that is down for a moment) is
+        # taken as not set, and the watchdog goes on watching.
+        while not (self._read("cancellation_signal", signal) or self._read("context.shutdown", shutdown)):
             if alive() is None:
                 return
             await asyncio.sleep(0.05)

@@ -123,12 +123,10 @@ class Watchdog:
         try:
             await host.wait_for_cause(ref)
         except Exception as exc:
-            # The signal's own is_set() raised: nothing is left to watch for. Said here, since nobody
-            # awaits this task (asyncio would say "Task exception was never retrieved"); the guard
-            # meets the same error on its own reads of the signal.
+            # Not expected (a flag that raises is read as not set): said here, since nobody awaits
+            # this task (asyncio would say "Task exception was never retrieved").
             log.warning(
-                "eventguard guard: the cancellation signal's is_set() raised %s; the watchdog stops",
-                type(exc).__name__,
+                "eventguard guard: waiting for a cause raised %s; the watchdog stops", type(exc).__name__
             )
             return
         await asyncio.sleep(grace)
