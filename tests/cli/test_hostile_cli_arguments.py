@@ -227,6 +227,11 @@ def test_a_hostile_revision_or_spool_path_gets_one_clear_line_not_the_databases_
             ["db", "downgrade", value, *sqlite],
             ["spool", "replay", "--spool", str(tmp_path / value), *sqlite],
         ):
+            if args[0] == "spool" and "\x00" in value:
+                # No real argv holds a NUL; the oldest click we allow stats the path itself, in
+                # its own option parsing, and raises ValueError there (exit 1, no message).
+                tally.refused("no_real_argv")
+                continue
             got = invoke(args)
             said = got.output.strip()
             if got.exit_code == 0:
