@@ -138,3 +138,26 @@ def test_a_guard_with_a_sink_and_no_watchdog_iterated_in_another_loop_is_a_typed
     assert_explained(info.value)
     assert "another event loop" in str(info.value)
     assert inner.produced == []
+
+
+def test_a_guard_with_an_sql_sink_stepped_in_another_loop_is_the_typed_error_and_writes_nothing(
+    tmp_path: Any,
+) -> None:
+    """With a real SqlSink: the first step marked the row changed before the loop check, which woke
+    the first loop's writer (gone: 'Event loop is closed') instead of saying GuardOutsideLoop."""
+    from eventguard.sink import SqlSink
+
+    sink = SqlSink(f"sqlite+aiosqlite:///{tmp_path / 'eg.db'}", spool_path=tmp_path / "spool.jsonl")
+
+    async def build() -> Any:
+        await sink.start()
+        return guard(Scripted(stream_events(1)), asyncio.Event(), sink=sink)
+
+    async def iterate(g: Any) -> list[Any]:
+        async with asyncio.timeout(5):
+            return [e async for e in g]
+
+    g = asyncio.run(build())
+    with pytest.raises(GuardOutsideLoop):
+        asyncio.run(iterate(g))
+    assert g.lifecycle.state is State.NEW
