@@ -64,6 +64,8 @@ __all__ = ["Outage", "Writer", "WriterConfig"]
 _TEARDOWN_TIMEOUT = 2.0
 #: The writer's pause after an error it did not expect, before its next cycle.
 _ERROR_PAUSE = 0.05
+#: How often a start() or a second close() looks whether a close under way has ended.
+_CLOSE_POLL = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +238,10 @@ class Writer:
         """Check (or create) the schema and start the writer task; see ``SqlSink.start``. A closed
         sink opens again (an app's second lifespan): its engines, its SQLite thread and its writer
         task are made anew as for a first start."""
+        # A start() that comes while aclose() runs reopens the sink once the close has ended: begun
+        # halfway through, the close went on to mark the sink closed and release its engines under
+        # the writer task this start had made, which ran on with nothing to write to.
+        await self._close_ended()
         st = self.loops.here()
         self.closed = False
         async with st.lock, asyncio.timeout(self.config.prepare_timeout):
@@ -246,6 +252,9 @@ class Writer:
         """A new stream's recorder, its writer task started on this loop."""
         if self.closed:
             raise RuntimeError(f"{self.name} is closed")
+        if self._closing is not None:
+            # Its writer task would outlive the close (which has already stopped this loop's).
+            raise RuntimeError(f"{self.name} is closing")
         self.ensure_writer()
         rec = SqlRecorder(self, lifecycle)
         self.collector.adopt(rec)
@@ -271,12 +280,21 @@ class Writer:
 
     async def close(self) -> None:
         """Final flush of every stream, stop the writer, release connections; see ``SqlSink.aclose``."""
+        if self._closing is not None:
+            await self._close_ended()  # a second aclose() returns when the first has closed
+            return
         if self.closed:
             return
         try:
             await self._close()
         finally:
             self._closing = None  # cancelled halfway: the recorders see the writer gone again
+
+    async def _close_ended(self) -> None:
+        """Return once a ``close()`` under way (on this loop or another) has ended. Polled: a close
+        is rare and short, and an ``asyncio.Event`` could only be awaited from the close's own loop."""
+        while self._closing is not None:  # noqa: ASYNC110  # see the docstring
+            await asyncio.sleep(_CLOSE_POLL)
 
     async def _close(self) -> None:
         st = self.loops.here()
