@@ -328,13 +328,26 @@ def sqlite_path(url: URL) -> Path | None:
     database = url.database
     if not is_sqlite(url) or not database or database == ":memory:":
         return None
-    if str(url.query.get("uri", "")).lower() in ("true", "1") and database.startswith("file:"):
-        if url.query.get("mode") == "memory":
+    if _uri_filename(url) and database.startswith("file:"):
+        # In memory: SQLite's mode=memory, or its memdb VFS (the one a shared cache's name uses).
+        if url.query.get("mode") == "memory" or url.query.get("vfs") == "memdb":
             return None
         database = unquote(urlsplit(database).path)
         if database in ("", ":memory:"):
             return None
     return Path(database)
+
+
+def _uri_filename(url: URL) -> bool:
+    """Whether the driver takes the URL's database as an SQLite URI filename: its ``uri`` option,
+    read as the driver reads it (SQLAlchemy's ``asbool``: ``true``, ``yes``, ``on``, ``1`` ...)."""
+    value = url.query.get("uri")
+    if value is None or not isinstance(value, str):
+        return False
+    try:
+        return bool(util.asbool(value))
+    except ValueError:
+        return False
 
 
 def sqlite_writer(url: URL, *, busy_timeout_ms: int = 30_000) -> SqliteThread | None:

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
 
 from eventguard import ResponseStore, SqlSink, guard
 from eventguard.cli import app
+from eventguard.sql.engine import sqlite_path
 
 from .conftest import STEP, script
 
@@ -55,3 +57,25 @@ def test_a_uri_filename_is_the_file_in_its_path(tmp_path: Path, monkeypatch: pyt
     assert replayed.exit_code == 0, replayed.output
     assert sorted(p.name for p in db.parent.iterdir() if not p.name.startswith("app.db-")) == ["app.db"]
     assert list(cwd.iterdir()) == []
+
+
+@pytest.mark.parametrize("spelling", ["yes", "on", "1", "True", "t"])
+def test_every_spelling_the_driver_takes_for_uri_names_the_file_in_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spelling: str
+) -> None:
+    # The driver reads `uri` with SQLAlchemy's asbool; only "true" and "1" were read so before.
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    db = tmp_path / "app.db"
+    url = f"sqlite:///file:{db}?mode=rwc&uri={spelling}"
+    result = CliRunner().invoke(app, ["db", "upgrade", "--database-url", url])
+    assert result.exit_code == 0, result.output
+    assert db.is_file()
+    assert SqlSink(url).spool.path == Path(f"{db}.spool.jsonl")
+    assert list(cwd.iterdir()) == []
+
+
+@pytest.mark.parametrize("memory", ["mode=memory", "vfs=memdb"])
+def test_an_in_memory_uri_filename_names_no_file(memory: str) -> None:
+    assert sqlite_path(make_url(f"sqlite:///file:/shared.db?{memory}&uri=on")) is None
