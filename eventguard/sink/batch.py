@@ -320,15 +320,19 @@ def _json_text(value: object, path: str) -> PreSerialised:
 
 
 def _json_checked(text: str, path: str) -> PreSerialised:
-    """``text``, stored as it is in a JSON column, if it is JSON: PostgreSQL's jsonb refuses what is
-    not, but SQLite stores any text, and reading the response back failed on it."""
+    """``text``, stored as it is in a JSON column, if it is JSON the store can read back: PostgreSQL's
+    jsonb refuses what is not, but SQLite stores any text, and reading the response back failed on
+    it. Read as the store reads it (orjson), not as Python's json does: ``NaN``, ``Infinity`` and an
+    escaped lone surrogate are not. A lone surrogate character in the text (which the utf8-bytes
+    form keeps exactly) is a character like any other to JSON's grammar: orjson, which cannot
+    take it, reads the text with it replaced."""
     try:
         orjson.loads(text)
     except orjson.JSONDecodeError:
-        try:  # orjson takes no lone surrogate, which the utf8-bytes form keeps: the slow parser does
-            json.loads(text)
-        except ValueError:
-            raise BatchFormatError(f"{path}: not JSON text: {_short(text)}") from None
+        try:
+            orjson.loads(text.encode("utf-8", "replace"))
+        except orjson.JSONDecodeError:
+            raise BatchFormatError(f"{path}: not JSON text the store can read: {_short(text)}") from None
     return PreSerialised(text)
 
 

@@ -405,6 +405,16 @@ WRONG_SHAPES: dict[str, tuple[bytes, str]] = {
         _nested(("anomalies", 0, "payload"), "[1, 2"),
         "anomalies[0].payload: not JSON text",
     ),
+    # Python's json takes these, the store (orjson) does not: SQLite stored them, reading back failed.
+    "event_payload_nan": (_nested(("events", 0, 3), "[1, NaN]"), "events[0].payload: not JSON text"),
+    "event_payload_escaped_lone_surrogate": (
+        _nested(("events", 0, 3), '"\\ud800"'),
+        "events[0].payload: not JSON text",
+    ),
+    "anomaly_payload_infinity": (
+        _nested(("anomalies", 0, "payload"), "Infinity"),
+        "anomalies[0].payload: not JSON text",
+    ),
     "anomaly_payload_an_object": (
         _nested(("anomalies", 0, "payload"), {"a": 1}),
         "anomalies[0].payload: expected JSON text (a string), got an object",
