@@ -21,6 +21,7 @@ from importlib.metadata import version as _version
 from eventguard.decision import Decision, Ending, Flags, Forward, decide
 from eventguard.errors import (
     BadDatabaseURL,
+    BadSpoolPath,
     EventGuardError,
     GuardAlreadyUsed,
     GuardOutsideLoop,
@@ -120,6 +121,7 @@ __all__ = [
     "AnomalyRecord",
     "Attempt",
     "BadDatabaseURL",
+    "BadSpoolPath",
     "Cause",
     "Decision",
     "Ending",

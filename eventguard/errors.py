@@ -13,6 +13,7 @@ An error that is also a misuse of Python's own kind derives from that builtin to
     ├── GuardOutsideLoop        (also RuntimeError) a guard built or stepped outside its event loop
     ├── SinkLoopError           (also RuntimeError) an SqlSink used from two event loops at once
     ├── BadDatabaseURL          (also ValueError) a database URL that cannot be used as written
+    ├── BadSpoolPath            (also ValueError) a spool path that cannot be the spool
     └── StorageError            the database: eventguard's storage errors
         ├── SchemaMismatchError the database's schema is not the one this version writes
         ├── InvalidQueryError   (also ValueError) a query argument the store cannot use
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BadDatabaseURL",
+    "BadSpoolPath",
     "EventGuardError",
     "GuardAlreadyUsed",
     "GuardOutsideLoop",
@@ -123,6 +125,13 @@ class BadDatabaseURL(EventGuardError, ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _rebuilt, (type(self), (self.shown, self.problem), {})
+
+
+class BadSpoolPath(EventGuardError, ValueError):
+    """A spool path (``SqlSink(spool_path=...)``, its default beside the SQLite file, ``eventguard
+    spool replay --spool``) that cannot be the spool: a file that is not one (taken as the spool, it
+    would be set aside by the replay, read as bad entries and removed), the database's own file, a
+    directory, a name no file can have. Raised when the sink is built; the file is left as it was."""
 
 
 class StorageError(EventGuardError):

@@ -37,6 +37,7 @@ EXPORTED = [
     "AnomalyRecord",
     "Attempt",
     "BadDatabaseURL",
+    "BadSpoolPath",
     "Cause",
     "Decision",
     "Ending",

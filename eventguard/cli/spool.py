@@ -22,6 +22,7 @@ from eventguard.cli._common import (
     resolve,
     run,
 )
+from eventguard.errors import BadSpoolPath
 from eventguard.sink import ReplayResult, SqlSink
 from eventguard.sql import engine as _db
 
@@ -53,8 +54,9 @@ def replay(
     ensure_exists(url)
     try:  # the spool path is checked here (not the database): a file that is not a spool is refused
         sink = SqlSink(url, schema=schema, spool_path=spool, auto_migrate=False)
-    except ValueError as exc:
-        fail(f"--spool: {exc}")
+    except BadSpoolPath as exc:
+        # Named as the user gave it: --spool, or the default (beside an SQLite file, else ./).
+        fail(f"--spool: {exc}" if spool is not None else f"the default spool: {exc}")
 
     async def work() -> tuple[Path, ReplayResult, int]:
         await check_schema(url, schema)

@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from eventguard import _arguments as arguments
 from eventguard import telemetry
+from eventguard.errors import BadSpoolPath
 from eventguard.lifecycle import Lifecycle
 from eventguard.sink import quarantine
 from eventguard.sink.filter import EventFilter, EventMode, EventPredicate
@@ -82,7 +83,8 @@ class SqlSink:
         ``Recorder.event`` is synchronous and cannot wait.
     :param max_payload_bytes: a payload larger than this is stored cut, with an anomaly.
     :param spool_path: the spool file (batches the database did not take, replayed later); default
-        beside the SQLite file, else ``./eventguard-spool.jsonl``.
+        beside the SQLite file, else ``./eventguard-spool.jsonl``. A path that cannot be the spool
+        (a file that is not one, the database's own) raises :class:`~eventguard.errors.BadSpoolPath`.
     :param close_timeout: seconds a guard's final flush may take before it goes on in the
         background (its batch is spooled if the database does not take it by then).
     :param busy_timeout: SQLite: seconds to wait for another process's write lock.
@@ -195,7 +197,7 @@ class SqlSink:
             mine = os.path.realpath(path)
             for suffix in ("", "-wal", "-shm", "-journal"):
                 if mine == os.path.realpath(database.with_name(database.name + suffix)):
-                    raise ValueError(
+                    raise BadSpoolPath(
                         f"spool_path {str(path)!r} is not a spool file: it is the database's own file"
                     )
         return path

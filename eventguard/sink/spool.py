@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from eventguard.errors import BadSpoolPath
 from eventguard.sink.batch import Batch, BatchFormatError
 
 log = logging.getLogger("eventguard.sink")
@@ -270,7 +271,7 @@ class Spool:
         if problem is not None:
             # Taken as the spool, the file would be appended to, then set aside by the replay, read
             # as bad entries and removed: a database file or a config file given by mistake, gone.
-            raise ValueError(f"spool_path {str(path)!r} is not a spool file: {problem}")
+            raise BadSpoolPath(f"spool_path {str(path)!r} is not a spool file: {problem}")
         if path.is_symlink():
             # The spool is the file the link names (a mounted volume's, say): setting it aside renames
             # it, and a rename of the link would move the link, leave the replayed entries in the

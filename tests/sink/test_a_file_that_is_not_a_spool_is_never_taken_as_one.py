@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from eventguard import ResponseStore
+from eventguard import BadSpoolPath, ResponseStore
 from eventguard.cli import app
 from eventguard.sink import SqlSink
 from eventguard.sink.spool import Spool
@@ -88,9 +88,9 @@ def test_a_path_that_is_not_a_spool_is_refused_and_left_as_it_was(other: str, tm
     elif other == "a line of text":
         path.write_text("\n\nEverything here is mine.\n")
     before = _files(tmp_path)
-    with pytest.raises(ValueError, match=r"^spool_path .* is not a spool file: it "):
+    with pytest.raises(BadSpoolPath, match=r"^spool_path .* is not a spool file: it "):
         SqlSink(f"sqlite:///{db}", spool_path=path)
-    with pytest.raises(ValueError, match=r"is not a spool file"):
+    with pytest.raises(BadSpoolPath, match=r"is not a spool file"):
         Spool(path)
     argv = ["spool", "replay", "--database-url", f"sqlite:///{db}", "--spool", str(path)]
     result = CliRunner().invoke(app, argv)
@@ -116,7 +116,7 @@ def test_the_databases_own_files_are_refused_by_name_even_empty_or_absent(
     for path in (db.with_name(db.name + suffix), tmp_path / "link"):
         if path.name == "link":
             path.symlink_to(db.with_name(db.name + suffix))
-        with pytest.raises(ValueError, match=r"is not a spool file: it is the database's own file$"):
+        with pytest.raises(BadSpoolPath, match=r"is not a spool file: it is the database's own file$"):
             SqlSink(f"sqlite:///{db}", spool_path=path)
         path.parent.joinpath(db.name + suffix).write_bytes(b"")
     assert (tmp_path / (db.name + suffix)).read_bytes() == b""
@@ -188,3 +188,16 @@ def test_a_spool_named_by_a_symlink_is_replayed_where_the_link_points_and_the_li
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["later.db", "spool.jsonl", "volume", *(p.name for p in tmp_path.glob("later.db-*"))]
     )
+
+
+def test_replay_names_the_default_spool_when_no_spool_was_given(tmp_path: Path) -> None:
+    """Without ``--spool`` the spool is the default beside the SQLite file: the error must not blame
+    an option the user never gave (it said ``--spool: ...``)."""
+    db = _database(tmp_path)
+    default = tmp_path / "app.db.spool.jsonl"
+    default.write_text("[server]\nport = 8080\n")
+    before = _files(tmp_path)
+    result = CliRunner().invoke(app, ["spool", "replay", "--database-url", f"sqlite:///{db}"])
+    assert result.exit_code != 0
+    assert "the default spool: spool_path" in result.output and "--spool" not in result.output, result.output
+    assert _files(tmp_path) == before
