@@ -157,6 +157,14 @@ class GuardedResponses:
             replicas = self.eventguard_replicas
         if replicas is not None and database is None:
             raise ValueError("replicas= needs database= (the leases live in that database)")
+        if replicas is not None and ("store" in kwargs or "response_store" in kwargs):
+            # The replicas' leases fence eventguard's SQL store, and every replica must serve from
+            # it: the application's own store was replaced without a word.
+            given = "store" if "store" in kwargs else "response_store"
+            raise ValueError(
+                f"replicas= serves every response from eventguard's SQL store in database=; "
+                f"it cannot be combined with {given}= (drop one of them)"
+            )
         #: What ``database=`` built (opened and closed with the app), or None.
         self.eventguard_storage: Storage | None = None
         if database is not None:

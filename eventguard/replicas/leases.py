@@ -185,6 +185,15 @@ async def end_fenced(
     return bool(result.rowcount == 1)
 
 
+async def release(conn: AsyncConnection, partition: str, key: str, owner: str, token: int) -> bool:
+    """Give up a lease under ``token`` for a response nothing stored (a POST the host refused, a
+    ``store=false`` run): the id may be created again, as on one server, where the host keeps no
+    trace of either. Marked ``deleted``, not removed, so the next claim's token is higher still."""
+    held = _held(partition, key, owner, token)
+    result = await conn.execute(update(leases).where(*held).values(state="deleted"))
+    return bool(result.rowcount == 1)
+
+
 async def mark_deleted(conn: AsyncConnection, partition: str, key: str, owner: str) -> bool:
     """Mark a lease deleted, unless another replica still runs the response under a live lease.
     True when the delete may go on (no lease, or one that is not running elsewhere)."""

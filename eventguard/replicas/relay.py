@@ -1,7 +1,8 @@
 """The ASGI middleware of a replica: requests about another replica's response, answered as the
 owner would answer them (see docs/replicas.md for the host's routes it stands in front of).
 
-- ``POST /responses`` with ``x-agent-response-id``: the id is claimed in the database first; taken
+- ``POST /responses`` with a client-chosen id (``x-agent-response-id``, else the body's
+  ``response_id``, each as the host resolves it): the id is claimed in the database first; taken
   (live elsewhere, or stored): the host's own 409 ``response_id_conflict``. A claim whose POST the
   host refuses before its handler runs (an error status) is let go again.
 - ``GET /responses/{id}`` of a *foreground* response in flight on another live replica: the owner's
@@ -25,6 +26,8 @@ from __future__ import annotations
 import json
 import re
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 if TYPE_CHECKING:
     from eventguard.replicas.replica import Replica
@@ -93,14 +96,22 @@ class ReplicaMiddleware:
         if scope.get("type") != "http" or not self.replica.started:
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        headers = _headers(scope)
         if RELAYED in headers:
             await self.app(scope, receive, send)
             return
         method, path = scope.get("method", ""), scope.get("path", "")
         user = headers.get(USER_ID_HEADER)
-        if method == "POST" and path.endswith("/responses") and headers.get(RESPONSE_ID_HEADER):
-            response_id = headers[RESPONSE_ID_HEADER]
+        if method == "POST" and path.endswith("/responses"):
+            response_id = _chosen_id(headers.get(RESPONSE_ID_HEADER, ""))
+            if response_id is None:
+                # The host takes a client-chosen id from the body too: unclaimed, a second replica
+                # ran it over the first's live response.
+                body, receive = await _read_body(receive)
+                response_id = _body_id(body)
+            if response_id is None:
+                await self.app(scope, receive, send)  # the host makes the id: nobody else has it
+                return
             if not await self.replica.claim_id(response_id, user):
                 await _answer(send, *CONFLICT)
                 return
@@ -138,6 +149,51 @@ class ReplicaMiddleware:
             elif method == "POST" and match["cancel"] is not None:
                 await self.replica.relay_cancel(response_id, user, headers)
         await self.app(scope, receive, send)
+
+
+def _headers(scope: Any) -> dict[str, str]:
+    """The request's headers as the host's framework reads them: a repeated name's *first* value
+    (the relay took the last, so it claimed one id while the host ran another)."""
+    out: dict[str, str] = {}
+    for k, v in scope.get("headers", []):
+        out.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
+    return out
+
+
+def _chosen_id(value: object) -> str | None:
+    """A client-chosen response id as the host resolves it: a non-blank string, stripped."""
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    return None
+
+
+async def _read_body(receive: Any) -> tuple[bytes, Any]:
+    """The whole request body, and a ``receive`` that hands it to the host as it came."""
+    chunks: list[bytes] = []
+    messages: list[Any] = []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message.get("type") != "http.request":
+            break  # the client went away: the host sees that too
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+
+    async def replayed() -> Any:
+        return messages.pop(0) if messages else await receive()
+
+    return b"".join(chunks), replayed
+
+
+def _body_id(body: bytes) -> str | None:
+    """The ``response_id`` of a create request's JSON body, as the host reads it when no header
+    gives one; None for a body the host will refuse or an id it will make itself."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return _chosen_id(parsed.get("response_id")) if isinstance(parsed, dict) else None
 
 
 def _query(scope: Any) -> dict[str, str]:

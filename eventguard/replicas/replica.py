@@ -133,7 +133,8 @@ class Replica:
         token = self.tokens.pop(where, None)
         if token is not None:
             async with self._tx() as conn:
-                await lease_sql.end_fenced(conn, where[0], where[1], self.identity, token, "refused")
+                # Nothing ran or was stored: ended (as it was), the id's corrected retry met a 409.
+                await lease_sql.release(conn, where[0], where[1], self.identity, token)
 
     async def claim_run(self, response_id: str, context: Any) -> None:
         """Hold the lease of a response the host starts running here (a recovered run takes over an
@@ -226,15 +227,19 @@ class Replica:
                 if await self._stored_status(response_id, user) not in _WAITED_FOR:
                     break  # terminal (or unreadable as a dict: the host's fallback answers it)
             await asyncio.sleep(0.05)  # the terminal write happens in the host, after the handler
-        await self._end_settled(where)
+        await self._end_settled(where, stored=stored)
 
-    async def _end_settled(self, where: tuple[str, str]) -> None:
+    async def _end_settled(self, where: tuple[str, str], *, stored: bool = True) -> None:
         token = self.tokens.pop(where, None)
         self.ended.discard(where)
         self.runs.discard(where)
         if token is not None:
             async with self._tx() as conn:
-                await lease_sql.end_fenced(conn, where[0], where[1], self.identity, token, "ended")
+                if stored:
+                    await lease_sql.end_fenced(conn, where[0], where[1], self.identity, token, "ended")
+                else:
+                    # The host kept nothing of a store=false run, and one server takes its id again.
+                    await lease_sql.release(conn, where[0], where[1], self.identity, token)
 
     async def _stop_settling(self) -> None:
         """At exit: the settlements still running get a bounded chance to finish (:data:`STOP_SETTLE_WAIT`,

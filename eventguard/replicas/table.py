@@ -10,7 +10,8 @@ from eventguard.sql.tables import leases
 
 #: The lease states: ``running`` (an owner holds it), ``ended`` (a terminal was written by the
 #: holder of the token, or by the reaper), ``interrupted`` (reaped, left for the owner's restart),
-#: ``deleted`` (the response was deleted: the id may be created again).
+#: ``deleted`` (the response was deleted, or nothing was stored under the id: a POST the host
+#: refused, a ``store=false`` run; the id may be created again).
 STATES = ("running", "ended", "interrupted", "deleted")
 
 __all__ = ["STATES", "leases"]

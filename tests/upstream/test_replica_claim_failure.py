@@ -39,3 +39,20 @@ async def test_a_run_whose_lease_cannot_be_claimed_is_recorded_and_answered_fail
     assert len(rows) == 1, rows  # recorded: the guard saw the run
     status, message = rows[0]
     assert status == "failed" and "could not claim the lease" in message, rows
+
+
+@pytest.mark.parametrize("keyword", ["response_store", "store"])
+def test_replicas_with_the_applications_own_store_are_refused_by_name(keyword: str, tmp_path: Path) -> None:
+    """Replicas serve every response from eventguard's SQL store, which their leases fence: the
+    application's own store was silently replaced (without replicas= it is kept, as documented)."""
+    from azure.ai.agentserver.responses.store._memory import InMemoryResponseProvider
+
+    agent, _ = chat_agent()
+    mine = InMemoryResponseProvider()
+    url = f"sqlite:///{tmp_path / 'mine.db'}"
+    with pytest.raises(ValueError, match=rf"cannot be combined with {keyword}="):
+        GuardedResponsesHostServer(
+            agent, database=url, replicas=ReplicaOptions(), configure_observability=None, **{keyword: mine}
+        )
+    kept = GuardedResponsesHostServer(agent, database=url, configure_observability=None, **{keyword: mine})
+    assert kept.eventguard_storage is not None and kept.eventguard_storage.provider is None

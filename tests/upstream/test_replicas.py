@@ -200,6 +200,67 @@ async def test_a_post_reusing_an_id_live_or_stored_on_another_replica_gets_the_o
 
 
 @pytest.mark.postgres
+async def test_an_id_the_host_stored_nothing_under_can_be_posted_again_on_any_replica(pair: Pair) -> None:
+    """One server takes an id again after a POST it refused (400) or a ``store=false`` run: it kept
+    nothing of either. The replicas ended the lease, and the corrected retry met a 409 everywhere."""
+    conn, a, b = pair
+    refused, unstored = new_id(), new_id()
+    async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP):
+        bad = await http.post(
+            f"{a.base_url}/responses",
+            json={"model": "m", "input": 5},
+            headers={"x-agent-response-id": refused},
+        )
+        assert bad.status_code == 400
+        retried = await post(b.base_url, "hello", refused, background=False)
+        assert retried.status_code == 200, retried.text
+        assert retried.json()["status"] == "completed"
+        first = await http.post(
+            f"{a.base_url}/responses",
+            json={"model": "m", "input": "hello", "store": False},
+            headers={"x-agent-response-id": unstored},
+        )
+        assert first.status_code == 200 and first.json()["status"] == "completed"
+        sql = "SELECT 1 FROM eventguard_leases WHERE response_id = $1 AND state <> 'running'"
+        await poll(lambda: conn.fetchval(sql, f'"{unstored}"'), "the store=false run's lease let go")
+        again = await http.post(
+            f"{b.base_url}/responses",
+            json={"model": "m", "input": "again", "store": False},
+            headers={"x-agent-response-id": unstored},
+        )
+        assert again.status_code == 200, again.text
+
+
+@pytest.mark.postgres
+async def test_an_id_in_the_body_or_in_a_repeated_header_is_claimed_as_the_host_reads_it(pair: Pair) -> None:
+    """The host takes a client-chosen id from the body's ``response_id`` too, and of a repeated
+    header the first value. The relay claimed only the header, its last value: a second replica ran
+    a live response's id again, and a lease was left running under an id nothing ran."""
+    conn, a, b = pair
+    in_body, never_run = new_id(), new_id()
+    async with httpx.AsyncClient(timeout=STEP) as http, asyncio.timeout(STEP):
+        body = {"model": "m", "input": "hang", "background": True, "response_id": in_body}
+        assert (await http.post(f"{a.base_url}/responses", json=body)).status_code == 200
+        await started_on(conn, in_body)
+        again = await http.post(f"{b.base_url}/responses", json={**body, "input": "on B"})
+        assert again.status_code == 409, again.text
+        assert again.json()["error"]["code"] == "response_id_conflict"
+        rid = await started_run(conn, a)
+        repeated = await http.post(
+            f"{b.base_url}/responses",
+            json={"model": "m", "input": "on B"},
+            headers=[("x-agent-response-id", rid), ("x-agent-response-id", never_run)],
+        )
+        assert repeated.status_code == 409, repeated.text
+    sql = "SELECT count(*) FROM eventguard_leases WHERE response_id = $1"
+    assert await conn.fetchval(sql, f'"{never_run}"') == 0
+    async with client(a.base_url) as ca:
+        for live in (in_body, rid):
+            await ca.responses.cancel(live)
+            assert await wait_status(ca, live, {"cancelled"}) == "cancelled"
+
+
+@pytest.mark.postgres
 async def test_a_delete_of_a_response_in_flight_on_another_replica_is_refused_as_the_owner_refuses_it(
     pair: Pair,
 ) -> None:
