@@ -37,7 +37,8 @@ def replay(
         Path | None,
         typer.Option(
             "--spool",
-            help="The spool file (default: beside the SQLite file, else ./eventguard-spool.jsonl)",
+            help="The spool file (default: beside the SQLite file, else "
+            "./eventguard-spool-<target>.jsonl, one per database and schema)",
             dir_okay=False,
         ),
     ] = None,

@@ -15,6 +15,8 @@ threads cannot share a sink: the second gets :class:`~eventguard.errors.SinkLoop
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import socket
 import uuid
@@ -40,6 +42,20 @@ from eventguard.sql import engine as _db
 from eventguard.sql import migrate as _migrate
 
 __all__ = ["FullPolicy", "SqlSink"]
+
+log = logging.getLogger("eventguard.sink")
+
+#: The default spool of every database but an SQLite file, before it was one file per target.
+_LEGACY_SPOOL = "eventguard-spool.jsonl"
+
+
+def _target(url: URL, schema: str | None) -> str:
+    """12 hex digits naming a database and schema: its URL without password or query (options such
+    as ``sslmode`` reach the same database), and the schema."""
+    bare = URL.create(url.drivername, url.username, None, url.host, url.port, url.database)
+    where = bare.render_as_string(hide_password=False)
+    return hashlib.sha256(f"{where}#{schema or ''}".encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
 
 #: What happens when ``max_buffered`` events wait for the writer: "spool" writes the oldest
 #: buffered events to the spool file right away (synchronously, bounded memory; replay loads
@@ -83,8 +99,10 @@ class SqlSink:
         ``Recorder.event`` is synchronous and cannot wait.
     :param max_payload_bytes: a payload larger than this is stored cut, with an anomaly.
     :param spool_path: the spool file (batches the database did not take, replayed later); default
-        beside the SQLite file, else ``./eventguard-spool.jsonl``. A path that cannot be the spool
-        (a file that is not one, the database's own) raises :class:`~eventguard.errors.BadSpoolPath`.
+        beside the SQLite file, else ``./eventguard-spool-<target>.jsonl``, ``<target>`` 12 hex
+        digits of the SHA-256 of the database (its URL without password or query) and schema. A
+        path that cannot be the spool (a file that is not one, the database's own) raises
+        :class:`~eventguard.errors.BadSpoolPath`.
     :param close_timeout: seconds a guard's final flush may take before it goes on in the
         background (its batch is spooled if the database does not take it by then).
     :param busy_timeout: SQLite: seconds to wait for another process's write lock.
@@ -206,7 +224,19 @@ class SqlSink:
         path = _db.sqlite_path(self.url)
         if path is not None:
             return path.with_name(path.name + ".spool.jsonl")
-        return Path.cwd() / "eventguard-spool.jsonl"
+        # One file per database and schema: a spool entry does not say where it was going, and two
+        # sinks started in one directory (two apps, two schemas) replayed each other's batches.
+        spool = Path.cwd() / f"eventguard-spool-{_target(self.url, self.schema)}.jsonl"
+        legacy = Path.cwd() / _LEGACY_SPOOL
+        if legacy.is_file() and legacy.stat().st_size:
+            log.warning(
+                "eventguard sink: %s is the spool of an earlier eventguard (one file for every "
+                "database); it is not replayed from there: run 'eventguard spool replay --spool %s' "
+                "with the database its batches were for",
+                legacy,
+                legacy,
+            )
+        return spool
 
     def __repr__(self) -> str:
         return f"SqlSink({_db.safe_url(self.url)!r})"

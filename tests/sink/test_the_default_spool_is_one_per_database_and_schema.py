@@ -1,0 +1,69 @@
+"""Without ``spool_path=`` (and without an SQLite file to put it beside) the spool is one file per
+database and schema in the working directory. It was one ``./eventguard-spool.jsonl`` for all: a
+spool entry does not say where it was going, so a sink on schema ``b`` replayed into ``b`` the
+batches a sink on schema ``a`` had spooled (the review probe saw "replayed 1 batches" there)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from eventguard.sink import SqlSink
+from tests._postgres import PG_URL, fresh_schema
+
+from .helpers import run_guarded, script, stored_events
+
+
+def test_each_database_and_schema_has_its_own_default_spool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    a, again, b = SqlSink(PG_URL, schema="a"), SqlSink(PG_URL, schema="a"), SqlSink(PG_URL, schema="b")
+    other_db = SqlSink(PG_URL.rsplit("/", 1)[0] + "/other", schema="a")
+    with_password = SqlSink(PG_URL.replace("postgres@", "postgres:secret@") + "?sslmode=disable", schema="a")
+    assert a.spool.path == again.spool.path == with_password.spool.path
+    assert len({a.spool.path, b.spool.path, other_db.spool.path}) == 3
+    assert a.spool.path.parent == tmp_path and a.spool.path.name.startswith("eventguard-spool-")
+    assert "secret" not in str(with_password.spool.path)
+
+
+@pytest.mark.postgres
+async def test_a_sink_replays_only_what_was_spooled_for_its_own_schema(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    async with asyncio.timeout(60), fresh_schema("eg_spool_a") as sa, fresh_schema("eg_spool_b") as sb:
+        first = SqlSink(PG_URL, schema=sa)
+        await first.start()
+
+        async def spool_all(batches: list[object]) -> None:
+            first.writer.to_spool(batches, None)  # type: ignore[arg-type]  # as an outage would
+
+        persist = first.writer.persist
+        first.writer.persist = spool_all  # type: ignore[method-assign, assignment]
+        await run_guarded(first, script("resp_for_a", n_deltas=2))
+        first.writer.persist = persist  # type: ignore[method-assign]
+        first.writer.outage.retry_at = time.monotonic() + 3600  # backing off: the close keeps the spool
+        await first.aclose()
+        assert first.spool.pending()
+        async with SqlSink(PG_URL, schema=sb) as other:
+            result = await other.replay_spool()
+            assert result.batches == 0
+            assert await stored_events(other, "resp_for_a") == 0
+        async with SqlSink(PG_URL, schema=sa) as own:
+            await own.replay_spool()
+            assert await stored_events(own, "resp_for_a") == 6
+
+
+def test_a_spool_left_at_the_old_shared_default_is_named_in_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "eventguard-spool.jsonl").write_bytes(b"EG1 2 00000000 {}\n")
+    with caplog.at_level(logging.WARNING, logger="eventguard.sink"):
+        SqlSink(PG_URL, schema="a")
+    assert "eventguard spool replay --spool" in caplog.text
