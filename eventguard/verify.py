@@ -31,6 +31,9 @@ from sqlalchemy import case, select, type_coerce
 
 from eventguard.errors import IllegalTransition
 from eventguard.events import (
+    COMPLETED,
+    FAILED,
+    INCOMPLETE,
     LIFECYCLE_KINDS,
     Kind,
     LifecycleEventError,
@@ -40,7 +43,7 @@ from eventguard.events import (
     parse_lifecycle_event,
     read_terminal,
 )
-from eventguard.lifecycle import ALLOWED_TRANSITIONS, ENDED_STATES, Lifecycle, State
+from eventguard.lifecycle import ALLOWED_TRANSITIONS, ENDED_STATES, AnomalyKind, Lifecycle, State
 from eventguard.records import Attempt, History, TransitionRecord
 from eventguard.sql.tables import TERMINAL, events, provider_responses, responses
 from eventguard.store import ResponseStore
@@ -185,6 +188,63 @@ def check_attempt(
     return final, last, problems
 
 
+#: What a cut terminal's type alone says it ended as: its payload, which would say whether a
+#: ``response.failed`` was a cancel (see :func:`eventguard.events.read_terminal`), is not stored.
+_CUT_TERMINAL_STATES: dict[str, frozenset[State]] = {
+    COMPLETED: frozenset({State.COMPLETED}),
+    INCOMPLETE: frozenset({State.INCOMPLETE}),
+    FAILED: frozenset({State.FAILED, State.CANCELLED}),
+}
+_MARKER_KEYS = frozenset({"_eventguard", "head"})
+_MARKER_NOTE_KEYS = frozenset({"truncated", "original_bytes", "type"})
+
+
+def _is_cut_marker(payload: object, etype: str) -> bool:
+    """Whether ``payload`` is, exactly, what the sink stores in place of an event of type ``etype``
+    larger than its ``max_payload_bytes``.
+
+    The shape :func:`eventguard.sink.serialise.encode` writes, ``{"_eventguard": {"truncated": true,
+    "original_bytes": <int>, "type": <the event's type>}, "head": <str>}``, and nothing else: an
+    event of the user's that merely holds an ``"_eventguard"`` key is still validated as an event.
+    (Read here, not imported: the store layer does not load the sink.)
+    """
+    if not isinstance(payload, dict) or payload.keys() != _MARKER_KEYS:
+        return False
+    note, head = payload["_eventguard"], payload["head"]
+    if not isinstance(note, dict) or note.keys() != _MARKER_NOTE_KEYS or not isinstance(head, str):
+        return False
+    size = note["original_bytes"]
+    return (
+        note["truncated"] is True
+        and type(size) is int  # not a bool
+        and size > 0
+        and note["type"] == etype  # the sink keeps the stored type, which the column holds too
+    )
+
+
+def _cut_by_the_sink(attempt: Attempt | _RowAttempt, seq: int, etype: str) -> bool:
+    """Whether the sink said, with a ``payload_truncated`` anomaly of this attempt, that it cut this
+    event: without one, a marker-shaped payload is not known to be the sink's."""
+    return any(
+        a.source == "sink"
+        and a.kind == AnomalyKind.PAYLOAD_TRUNCATED.value
+        and a.event_index == seq
+        and a.event_type == etype
+        for a in attempt.anomalies
+    )
+
+
+def _check_cut_terminal(seq: int, etype: str, final: State | None) -> list[str]:
+    """What a terminal event the sink cut still shows: its type (its position was checked by the
+    caller). Its payload cannot be validated, which is what the sink documents, not a disagreement."""
+    claims = _CUT_TERMINAL_STATES[etype]
+    if final is None or final in claims:
+        return []
+    said = " or ".join(sorted(c.value for c in claims))
+    claim = f"the stored terminal event #{seq} {etype} (stored cut) says {said}"
+    return [f"{claim}, the transitions end {final.value}"]
+
+
 def _check_events(attempt: Attempt | _RowAttempt, final: State | None, steps: list[Any]) -> list[str]:
     problems: list[str] = []
     reached = {t.to_state for t in steps}
@@ -205,7 +265,18 @@ def _check_events(attempt: Attempt | _RowAttempt, final: State | None, steps: li
         try:
             parsed = parse_lifecycle_event(event.payload)
         except LifecycleEventError as exc:
-            problems.append(f"event #{event.seq} {etype} does not validate: {exc}")
+            # The sink's marker for a payload over max_payload_bytes (it has no "type", so it
+            # never validates; looked for only here, so a whole payload costs nothing more): its
+            # event cannot be validated, as the sink documents, which is no disagreement.
+            assert etype is not None  # LIFECYCLE_KINDS named it a terminal
+            if not _is_cut_marker(event.payload, etype):
+                problems.append(f"event #{event.seq} {etype} does not validate: {exc}")
+            elif not _cut_by_the_sink(attempt, event.seq, etype):
+                problems.append(
+                    f"event #{event.seq} {etype} is stored cut, but no payload_truncated anomaly says so"
+                )
+            else:
+                problems.extend(_check_cut_terminal(event.seq, etype, final))
             continue
         assert isinstance(parsed, ResponseCompleted | ResponseIncomplete | ResponseFailed)
         claim = read_terminal(parsed).state
