@@ -26,9 +26,11 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from eventguard import _arguments as arguments
 from eventguard.envelopes import ANONYMOUS, ProviderStorageError, dump, encode_id, key, load
 from eventguard.errors import UnstorableError
 from eventguard.provider import SqlResponseProvider
+from eventguard.sql import engine as _db
 from eventguard.sql.tables import agent_sessions as _t
 
 __all__ = ["CONFLICT", "SqlAgentSessionStore", "SqlAgentSessionStoreProvider"]
@@ -145,8 +147,10 @@ class SqlAgentSessionStoreProvider(StoreProvider[SessionStore]):
         database: a :class:`~eventguard.SqlResponseProvider` to share (its engine, schema check and
             storage errors), or what one takes: a database URL or an ``AsyncEngine`` to borrow
             (default ``EVENTGUARD_DATABASE_URL``, else ``./eventguard.db``).
-        schema: as for :class:`~eventguard.SqlResponseProvider` (a URL or engine only).
-        auto_migrate: as for :class:`~eventguard.SqlResponseProvider` (a URL or engine only).
+        schema: as for :class:`~eventguard.SqlResponseProvider` (a URL or engine only: with a
+            provider, the provider's own; a different one is a ``ValueError``).
+        auto_migrate: as for :class:`~eventguard.SqlResponseProvider` (a URL or engine only: with
+            a provider, the provider's own; a different one is a ``ValueError``).
 
     Sessions are partitioned by the platform context's ``user_id`` (``None`` is its own partition).
     A database that fails raises :class:`~eventguard.ProviderStorageError`; a session that cannot be
@@ -161,9 +165,27 @@ class SqlAgentSessionStoreProvider(StoreProvider[SessionStore]):
         auto_migrate: bool | None = None,
     ) -> None:
         if isinstance(database, SqlResponseProvider):
+            # The provider's schema and migration were settled when it was built: a setting given
+            # here as well is checked as anywhere else, and one that differs is refused, not ignored.
+            _db.valid_schema(schema)
+            auto_migrate = arguments.flag("auto_migrate", auto_migrate, none=True)
+            for name, given, own in (
+                ("schema", schema, database.schema),
+                ("auto_migrate", auto_migrate, database.auto_migrate),
+            ):
+                if given is not None and given != own:
+                    raise ValueError(
+                        f"{name}={given!r} differs from the SqlResponseProvider's own ({own!r}): give "
+                        f"{name} to the provider, or leave it out here"
+                    )
             self.provider = database
-        else:
+        elif database is None or isinstance(database, str | URL | AsyncEngine):
             self.provider = SqlResponseProvider(database, schema=schema, auto_migrate=auto_migrate)
+        else:
+            raise TypeError(
+                "database must be a SqlResponseProvider, a database URL (a str or a SQLAlchemy URL), "
+                f"an AsyncEngine or None, not {type(database).__name__}"
+            )
 
     def __repr__(self) -> str:
         return f"SqlAgentSessionStoreProvider({self.provider!r})"

@@ -69,10 +69,16 @@ def resolve_url(url: str | URL | None) -> URL:
     control or invisible character, a password with an unencoded ``@``, which the parser reads
     into the host) is refused here too, with a :class:`~eventguard.errors.BadDatabaseURL` (a
     ``ValueError``) that quotes none of its secrets: taken as written it names a host or a file
-    nobody meant, and a sink would spool for ever.
+    nobody meant, and a sink would spool for ever. So is an empty or blank string (the default is
+    ``None``, not ``""``). Anything but a ``str``, a ``URL`` or None is a ``TypeError`` naming
+    ``url`` and the type (unchecked, it failed inside as an ``AttributeError``).
     """
     if url is None:
         url = os.environ.get(ENV_URL) or f"sqlite+aiosqlite:///{DEFAULT_SQLITE_FILE}"
+    elif not isinstance(url, str | URL):
+        raise TypeError(
+            f"url must be a database URL (a str or a SQLAlchemy URL) or None, not {type(url).__name__}"
+        )
     parsed = _parse(url) if isinstance(url, str) else url
     backend = parsed.get_backend_name()
     driver = parsed.get_driver_name()
@@ -105,8 +111,8 @@ def _parse(url: str) -> URL:
     them: it asks the parser) is a :class:`~eventguard.errors.BadDatabaseURL` in its words, which the
     CLI shows as they are."""
     problem = url_problem(url)
-    if problem is not None:
-        raise BadDatabaseURL(safe_url(url), problem)
+    if problem is not None:  # an empty or blank one is shown as it is: it holds nothing secret
+        raise BadDatabaseURL(safe_url(url) if url.strip(" ") else url, problem)
     try:
         return make_url(url)
     except ArgumentError:
@@ -293,11 +299,15 @@ def _safe_token(token: str) -> str:
 def url_problem(raw: str) -> str | None:
     """Why this string cannot be used as a database URL as written, in words that quote none of it;
     None when nothing obvious is wrong (the parser may still refuse it)."""
+    if not raw:
+        return "it is empty"
     for ch in raw:
         if not ch.isprintable():
             shown = ch.encode("unicode_escape").decode("ascii")
             hint = ": a stray newline at the end?" if ch in "\r\n" else ""
             return f"it contains a control or invisible character ({shown}){hint}"
+    if raw.isspace():  # only spaces: every other whitespace character is refused above
+        return "it is blank: only spaces"
     _scheme, sep, rest = raw.partition("://")
     if not sep:
         return None
