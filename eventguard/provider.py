@@ -71,7 +71,6 @@ import hashlib
 import logging
 import sqlite3
 import threading
-import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -111,6 +110,7 @@ from eventguard.records import EnvelopePruneResult, EnvelopeRecord
 from eventguard.sql import engine as _db
 from eventguard.sql import migrate as _migrate
 from eventguard.sql import storable
+from eventguard.sql.pool_loop import PoolLoop
 from eventguard.sql.sqlite_thread import SqliteConnection, SqliteThread, drive
 from eventguard.sql.tables import (
     provider_conversations,
@@ -342,7 +342,7 @@ class SqlResponseProvider:
         path = _db.sqlite_path(self.url) if self._sqlite and not self.url.query else None
         self._reader = None if path is None else _LoopReader(path)
         #: The event loop the engine's pooled connections belong to (see :meth:`_on_this_loop`).
-        self._loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+        self._pool_loop = PoolLoop()
 
     def __repr__(self) -> str:
         return f"SqlResponseProvider({_db.safe_url(self.url)!r})"
@@ -370,24 +370,11 @@ class SqlResponseProvider:
 
     def _on_this_loop(self) -> None:
         """Let go of the pool when the running event loop is not the one its connections were made
-        on (a provider started in one ``asyncio.run()`` and used in the next).
-
-        An asyncpg connection belongs to the loop that opened it: from another one, its first use
-        fails ("Event loop is closed", "attached to a different loop"). SQLAlchemy's guidance for an
-        engine moving between loops: dispose of its pool first, with ``close=False`` (the old loop's
-        connections cannot be closed from here; they are dereferenced, the new loop opens its own).
-        That is synchronous (no I/O), so no other task of the new loop sees the old pool after it.
-        Only the provider's own engine: a borrowed one's pool is its owner's to manage.
-        """
-        loop = asyncio.get_running_loop()
-        if self._loop is not None and self._loop() is loop:
-            return
-        first, self._loop = self._loop is None, weakref.ref(loop)
-        if first:
-            return
-        if self._owns_engine and self._engine is not None:
-            self._engine.sync_engine.dispose(close=False)
-        if not self._starting.locked():
+        on (a provider started in one ``asyncio.run()`` and used in the next): see
+        :mod:`eventguard.sql.pool_loop`. Only the provider's own engine: a borrowed one's pool is its
+        owner's to manage."""
+        own = self._engine if self._owns_engine else None
+        if self._pool_loop.follow(own) and not self._starting.locked():
             self._starting = asyncio.Lock()  # an asyncio.Lock binds to the loop it first waits on
 
     # -- lifecycle --------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ limits, cursors, time zones) and raises :class:`InvalidQueryError` for the rest.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -17,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from eventguard import _arguments as arguments
 from eventguard._text import utf8_size
-from eventguard.errors import InvalidQueryError
+from eventguard.errors import InvalidQueryError, SchemaMismatchError
 from eventguard.records import (
     AgentSessionRecord,
     AnomalyRecord,
@@ -33,7 +35,10 @@ from eventguard.records import (
     TransitionRecord,
 )
 from eventguard.sql import engine as _db
+from eventguard.sql import migrate as _migrate
 from eventguard.sql import storable
+from eventguard.sql.classify import ErrorKind, classify
+from eventguard.sql.pool_loop import PoolLoop
 from eventguard.sql.tables import ENDED, ID, STATES, agent_sessions, anomalies, events, responses, transitions
 
 __all__ = ["ResponseStore", "stored_id"]
@@ -55,6 +60,12 @@ class ResponseStore:
     :param schema: PostgreSQL only: the schema the tables live in.
     :param pooler_safe: PostgreSQL behind a transaction-mode pooler: no prepared statement caches.
     :param busy_timeout: SQLite: seconds to wait for another process's write lock (prune, recover).
+
+    A store may be used from one ``asyncio.run()`` after another: its own engine's pool is let go
+    (``dispose(close=False)``) when the loop changes. An application's PostgreSQL engine keeps its
+    pool, the application's to dispose of between loops. On a database without eventguard's
+    schema (or with another version of it) every method raises
+    :class:`~eventguard.errors.SchemaMismatchError` naming the command to run.
     """
 
     def __init__(
@@ -69,6 +80,7 @@ class ResponseStore:
         pooler_safe = arguments.flag("pooler_safe", pooler_safe)
         busy_timeout = arguments.seconds("busy_timeout", busy_timeout)
         _db.valid_schema(schema)
+        lender = engine
         if engine is not None:
             if url is not None:
                 raise ValueError("give ResponseStore a url or an engine, not both")
@@ -82,6 +94,16 @@ class ResponseStore:
         self._engine = engine
         # Reads need no write lock on SQLite; prune/recover use the engine's BEGIN IMMEDIATE.
         self._reader: AsyncEngine = engine.execution_options(**{_db.SQLITE_BEGIN_OPTION: "DEFERRED"})
+        #: The event loop the pool's connections belong to (see :meth:`_on_this_loop`).
+        self._loop = PoolLoop()
+        #: The application's PostgreSQL engine whose pool the store shares (see borrow_engine).
+        self._lender = lender if isinstance(engine, _db.BorrowedEngine) else None
+        # The pool the store may let go of when the loop changes: not a lent one (the
+        # application's), nor an in-memory SQLite database's one connection (a new pool would
+        # open an empty database).
+        self._owns_pool = self._lender is None and not (
+            _db.is_sqlite(self.url) and _db.sqlite_path(self.url) is None
+        )
 
     def __repr__(self) -> str:
         return f"ResponseStore({_db.safe_url(self.url)!r})"
@@ -90,12 +112,14 @@ class ResponseStore:
     def engine(self) -> AsyncEngine:
         """The engine the store writes through (prune, recover; the replicas' reaper on the same
         database): the caller's own when given ``engine=``."""
+        self._on_this_loop()
         return self._engine
 
     @property
     def reader(self) -> AsyncEngine:
         """The same engine for reads: on SQLite its transactions begin ``DEFERRED`` and take no
         write lock (``eventguard verify`` reads every table through it)."""
+        self._on_this_loop()
         return self._reader
 
     async def __aenter__(self) -> ResponseStore:
@@ -106,14 +130,64 @@ class ResponseStore:
 
     async def aclose(self) -> None:
         """Release the store's connections (never the application's, when given ``engine=``)."""
+        self._on_this_loop()  # another loop's connections are let go of, not closed from this one
         await self._engine.dispose()
+
+    def _on_this_loop(self) -> None:
+        """Let go of the store's own pool when the running event loop is not the one its connections
+        were made on (see :mod:`eventguard.sql.pool_loop`). Nothing outside a running loop (a
+        property read from synchronous code).
+
+        A lent pool is never let go of: it is the application's, to dispose of between loops as
+        SQLAlchemy advises, and its disposal gives its engine a new pool, which the store then
+        shares (it kept the old one, with the old loop's connections, until this).
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._loop.follow(self._engine if self._owns_pool else None)
+        if self._lender is not None and self._engine.sync_engine.pool is not self._lender.sync_engine.pool:
+            self._engine.sync_engine.pool = self._lender.sync_engine.pool
+
+    @asynccontextmanager
+    async def _transaction(self, engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+        """One transaction on ``engine`` (the store's reader or writer), on the running loop's pool.
+
+        A statement that fails because the schema is not there (no such table or column: see
+        :func:`eventguard.sql.classify.classify`) is a :class:`SchemaMismatchError` saying what to
+        run, as the CLI and the provider say it: the schema's revision is read then, once, never on
+        a healthy database's queries.
+        """
+        self._on_this_loop()
+        try:
+            async with engine.begin() as conn:
+                yield conn
+        except Exception as exc:
+            if classify(exc) is not ErrorKind.SCHEMA or isinstance(exc, SchemaMismatchError):
+                raise
+            mismatch = await self._schema_mismatch()
+            if mismatch is None:
+                raise  # at eventguard's head, yet not there: not a migration's to mend
+            raise mismatch from exc
+
+    async def _schema_mismatch(self) -> SchemaMismatchError | None:
+        """What the database's schema revision says is wrong (None: it is at this package's head, or
+        cannot be read either)."""
+        try:
+            await _migrate.check(self._reader)
+        except SchemaMismatchError as mismatch:
+            return mismatch
+        except Exception:  # the original error says more than this one
+            return None
+        return None
 
     # -- reads -----------------------------------------------------------------------------------
     async def get(self, response_id: str) -> ResponseRecord | None:
         """The response's row, by ``response_id`` as the host gave it or as stored (see
         :func:`stored_id`); None when no such response is stored."""
         response_id = stored_id(response_id)
-        async with self._reader.begin() as conn:
+        async with self._transaction(self._reader) as conn:
             row = (
                 await conn.execute(select(responses).where(responses.c.response_id == response_id))
             ).first()
@@ -181,7 +255,7 @@ class ResponseStore:
                 raise InvalidQueryError(f"before must be a row key (a record's pk), not {before!r:.40}")
             query = query.where(r.pk < before)
         query = query.order_by(r.pk.desc()).limit(_limit(limit))
-        async with self._reader.begin() as conn:
+        async with self._transaction(self._reader) as conn:
             rows = (await conn.execute(query)).all()
         return [ResponseRecord.model_validate(row) for row in rows]
 
@@ -218,7 +292,7 @@ class ResponseStore:
         """The response ``response_id`` (as given or as stored) and, per attempt in order, its events,
         transitions and anomalies; None when no such response is stored."""
         response_id = stored_id(response_id)
-        async with self._reader.begin() as conn:
+        async with self._transaction(self._reader) as conn:
             row = (
                 await conn.execute(select(responses).where(responses.c.response_id == response_id))
             ).first()
@@ -234,7 +308,7 @@ class ResponseStore:
         r = responses.c
         active = func.coalesce(r.finished_at, r.updated_at)
         where = [] if since is None else [active >= _utc(since, "since")]
-        async with self._reader.begin() as conn:
+        async with self._transaction(self._reader) as conn:
             status_rows = await conn.execute(select(r.status, func.count()).where(*where).group_by(r.status))
             by_status: dict[str, int] = {s: k for s, k in status_rows.all()}
             by_cause_rows = (
@@ -278,7 +352,7 @@ class ResponseStore:
             raise InvalidQueryError(f"keep_summary must be True or False, not {type(keep_summary).__name__}")
         r = responses.c
         old = select(r.response_id).where(r.status.in_(ENDED), r.finished_at < cutoff).scalar_subquery()
-        async with self._engine.begin() as conn:
+        async with self._transaction(self._engine) as conn:
             counts = [
                 (await conn.execute(delete(t).where(t.c.response_id.in_(old)))).rowcount
                 for t in (events, transitions, anomalies)
@@ -293,7 +367,7 @@ class ResponseStore:
         partition that has it (none when the host's store is another one)."""
         from eventguard.provider import read_envelopes
 
-        async with self._reader.begin() as conn:
+        async with self._transaction(self._reader) as conn:
             return await read_envelopes(conn, stored_id(response_id))
 
     async def prune_envelopes(self, *, older_than: timedelta | datetime) -> EnvelopePruneResult:
@@ -306,7 +380,7 @@ class ResponseStore:
         """
         from eventguard.provider import prune_store
 
-        async with self._engine.begin() as conn:
+        async with self._transaction(self._engine) as conn:
             return await prune_store(conn, _cutoff(older_than))
 
     async def agent_sessions(self, *, limit: int = 50) -> list[AgentSessionRecord]:
@@ -314,7 +388,7 @@ class ResponseStore:
         at most ``limit``; a row that cannot be read back as a session is a record with its
         ``problem`` (and no ``session``), not an error."""
         query = select(agent_sessions).order_by(agent_sessions.c.updated_at.desc()).limit(_limit(limit))
-        async with self._reader.begin() as conn:
+        async with self._transaction(self._reader) as conn:
             rows = (await conn.execute(query)).all()
         return [_agent_session(row) for row in rows]
 
@@ -326,7 +400,7 @@ class ResponseStore:
         after: tuple[str, str] | None = None
         while True:
             page = query if after is None else query.where(tuple_(a.partition, a.session_key) > after)
-            async with self._reader.begin() as conn:
+            async with self._transaction(self._reader) as conn:
                 rows = (await conn.execute(page)).all()
             for row in rows:
                 yield _agent_session(row)
@@ -338,7 +412,7 @@ class ResponseStore:
         """Delete the host's agent sessions last written before ``older_than`` (an age or a time);
         how many went."""
         cutoff = _cutoff(older_than)
-        async with self._engine.begin() as conn:
+        async with self._transaction(self._engine) as conn:
             done = await conn.execute(delete(agent_sessions).where(agent_sessions.c.updated_at < cutoff))
         return int(done.rowcount)
 
@@ -363,7 +437,7 @@ class ResponseStore:
         cause = "abandoned" if policy == "interrupted" else "recover_policy"
         r = responses.c
         marked: list[str] = []
-        async with self._engine.begin() as conn:
+        async with self._transaction(self._engine) as conn:
             stuck = (
                 await conn.execute(
                     select(r.response_id, r.status, r.attempt, r.version)
@@ -418,7 +492,7 @@ class ResponseStore:
             if not _is_row_key(after):
                 raise InvalidQueryError(f"after must be a cursor from a previous page, not {after!r:.40}")
             query = query.where(key > after)
-        async with self._reader.begin() as conn:
+        async with self._transaction(self._reader) as conn:
             rows = (await conn.execute(query.order_by(key).limit(size + 1))).all()
         items = [model.model_validate(row) for row in rows[:size]]
         return Page(items=items, next_after=items[-1].pk if len(rows) > size else None)
@@ -427,7 +501,7 @@ class ResponseStore:
 
     async def count(self) -> int:
         """How many responses are stored (every status)."""
-        async with self._reader.begin() as conn:
+        async with self._transaction(self._reader) as conn:
             return int((await conn.execute(select(func.count()).select_from(responses))).scalar_one())
 
     async def histories(self, *, batch: int = 500) -> AsyncIterator[History]:
@@ -460,7 +534,7 @@ class ResponseStore:
         r = responses.c
         after = 0
         while True:
-            async with self._reader.begin() as conn:
+            async with self._transaction(self._reader) as conn:
                 rows = (
                     await conn.execute(select(responses).where(r.pk > after).order_by(r.pk).limit(batch))
                 ).all()
