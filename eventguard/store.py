@@ -39,7 +39,17 @@ from eventguard.sql import migrate as _migrate
 from eventguard.sql import storable
 from eventguard.sql.classify import ErrorKind, classify
 from eventguard.sql.pool_loop import PoolLoop
-from eventguard.sql.tables import ENDED, ID, STATES, agent_sessions, anomalies, events, responses, transitions
+from eventguard.sql.tables import (
+    ENDED,
+    ID,
+    STATES,
+    agent_sessions,
+    anomalies,
+    events,
+    provider_responses,
+    responses,
+    transitions,
+)
 
 __all__ = ["ResponseStore", "stored_id"]
 
@@ -186,8 +196,8 @@ class ResponseStore:
     async def get(self, response_id: str) -> ResponseRecord | None:
         """The response's row, by ``response_id`` as the host gave it or as stored (see
         :func:`stored_id`); None when no such response is stored."""
-        response_id = stored_id(response_id)
         async with self._transaction(self._reader) as conn:
+            response_id = await _read_key(conn, responses.c.response_id, response_id)
             row = (
                 await conn.execute(select(responses).where(responses.c.response_id == response_id))
             ).first()
@@ -282,7 +292,11 @@ class ResponseStore:
         a = anomalies.c
         query = select(anomalies)
         if response_id is not None:
-            query = query.where(a.response_id == stored_id(response_id))
+            key = stored_id(response_id)
+            if key != response_id and _spells_a_stored_id(response_id):
+                async with self._transaction(self._reader) as conn:
+                    key = await _read_key(conn, responses.c.response_id, response_id)
+            query = query.where(a.response_id == key)
         if kind is not None:
             query = query.where(a.kind.in_(_kinds(kind)))
         query = _time_window(query, a.at, since, until)
@@ -291,8 +305,8 @@ class ResponseStore:
     async def history(self, response_id: str) -> History | None:
         """The response ``response_id`` (as given or as stored) and, per attempt in order, its events,
         transitions and anomalies; None when no such response is stored."""
-        response_id = stored_id(response_id)
         async with self._transaction(self._reader) as conn:
+            response_id = await _read_key(conn, responses.c.response_id, response_id)
             row = (
                 await conn.execute(select(responses).where(responses.c.response_id == response_id))
             ).first()
@@ -368,7 +382,8 @@ class ResponseStore:
         from eventguard.provider import read_envelopes
 
         async with self._transaction(self._reader) as conn:
-            return await read_envelopes(conn, stored_id(response_id))
+            key = await _read_key(conn, provider_responses.c.response_id, response_id)
+            return await read_envelopes(conn, key)
 
     async def prune_envelopes(self, *, older_than: timedelta | datetime) -> EnvelopePruneResult:
         """Expire the host's response store (``SqlResponseProvider``) by age, in one transaction.
@@ -553,15 +568,37 @@ class ResponseStore:
 def stored_id(response_id: str) -> str:
     """The id under which the sink stores ``response_id``.
 
-    An id that no column can hold as it is (a NUL, a lone surrogate, longer than 255 characters) is
-    stored as ``<escaped prefix>~<hash>`` (see :mod:`eventguard.sql.storable`); every other id,
-    the stored form of one included, is its own key. Anything but a ``str`` is an
+    An id that no column can hold as it is (a NUL, a lone surrogate, longer than 255 characters),
+    or one spelt as such a stored form is (ending ``~`` and 16 hex digits), is stored as
+    ``<escaped prefix>~<hash>`` (see :mod:`eventguard.sql.storable`); every other id is its own
+    key. The store's reads take an id spelt as a stored form as its own response's first, else as
+    the stored form it spells (copied from a listing). Anything but a ``str`` is an
     :class:`~eventguard.errors.InvalidQueryError`.
     """
     if not isinstance(response_id, str):  # an id of another type is a question no row answers
         raise InvalidQueryError(f"response_id must be a str, not {type(response_id).__name__}")
     fix = storable.identifier(response_id, ID_LENGTH)
     return response_id if fix is None else fix.stored
+
+
+def _spells_a_stored_id(response_id: str) -> bool:
+    """Whether ``response_id`` is changed only because it is spelt as a stored form is."""
+    return (
+        len(response_id) <= ID_LENGTH
+        and storable.storable(response_id)
+        and storable.looks_stored(response_id)
+    )
+
+
+async def _read_key(conn: AsyncConnection, column: ColumnElement[str], response_id: str) -> str:
+    """The key to read ``response_id`` under: :func:`stored_id`; for an id spelt as a stored form,
+    the row of its own where ``column`` has one, else the stored form it spells (one more look, for
+    such an id only)."""
+    key = stored_id(response_id)
+    if key == response_id or not _spells_a_stored_id(response_id):
+        return key
+    own = (await conn.execute(select(column).where(column == key).limit(1))).first()
+    return key if own is not None else response_id
 
 
 async def _rows(

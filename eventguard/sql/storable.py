@@ -24,9 +24,11 @@ The rules, each a pure function; a value that needs no change is returned as the
 A changed value comes with a :class:`Fix` that says what was wrong and what was stored, for the
 ``value_escaped`` (columns) or ``not_serialisable`` (payloads) anomaly.
 
-A limit no rule can lift: an ordinary id is never changed, so an ordinary id spelt exactly like
-the stored form of another (``<prefix>~<its hash>``) would share its row. Only someone who
-computes that hash on purpose can build one: a hash of 64 bits does not collide by accident.
+An id that ends as a stored form does (``~`` and 16 lowercase hex digits) is changed the same way,
+even though it is storable: left as it was, ``X~<hash of Y>`` given as an ordinary id would share
+the row of Y's stored form (someone computing that hash on purpose could read Y's history through
+it). So the stored form is injective: an unchanged id never ends that way, and two changed ids
+differ in their hashes (64 bits, which do not collide by accident).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ _UNESCAPE = re.compile(r"\\(\\|x00|u[dD][89abcdefABCDEF][0-9a-fA-F]{2})")
 #: Separates an identifier's escaped prefix from its hash.
 SEPARATOR = "~"
 HASH_DIGITS = 16
+_HASH = re.compile(f"[0-9a-f]{{{HASH_DIGITS}}}")
 REPLACEMENT = "\ufffd"
 #: How orjson and JSON spell the non-finite floats: the strings stored in their place.
 NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
@@ -147,17 +150,32 @@ def _escaped_prefix(value: str, room: int) -> str:
     return "".join(out)
 
 
+def looks_stored(value: str) -> bool:
+    """Whether ``value`` ends as a changed identifier's stored form does: ``~`` and the hash."""
+    return (
+        len(value) > HASH_DIGITS
+        and value[-HASH_DIGITS - 1] == SEPARATOR
+        and _HASH.fullmatch(value, len(value) - HASH_DIGITS) is not None
+    )
+
+
 def identifier(value: str, limit: int) -> Fix | None:
     """An identifier column of ``limit`` characters: None when ``value`` fits as it is, else
-    ``<escaped prefix>~<hash of the original>``, at most ``limit`` characters."""
+    ``<escaped prefix>~<hash of the original>``, at most ``limit`` characters. An id that already
+    ends that way is changed too (see the module's docstring)."""
     escaped = not storable(value)
-    if len(value) <= limit and not escaped:
+    lookalike = not escaped and looks_stored(value)
+    if len(value) <= limit and not escaped and not lookalike:
         return None
     room = limit - len(SEPARATOR) - HASH_DIGITS
     stored = f"{_escaped_prefix(value, room)}{SEPARATOR}{digest(value)}"
+    what = (
+        describe(value, limit)
+        or f"an id ending as a stored form does ('{SEPARATOR}' and {HASH_DIGITS} hex digits)"
+    )
     return Fix(
         stored,
-        f"{describe(value, limit)}: stored as its escaped prefix (backslashes doubled, NUL as \\x00, "
+        f"{what}: stored as its escaped prefix (backslashes doubled, NUL as \\x00, "
         f"lone surrogates as \\udXXX), {SEPARATOR!r} and the first {HASH_DIGITS} hex digits of the "
         f"SHA-256 of its UTF-8 (surrogatepass) bytes: {stored}",
         escaped=escaped,

@@ -54,3 +54,26 @@ async def test_an_id_that_is_not_a_str_is_an_invalid_query_naming_it(target: Tar
                 with pytest.raises(InvalidQueryError, match=r"^response_id must be a str, not "):
                     await store.anomalies(response_id=rid)  # type: ignore[arg-type]
             assert (await store.get("resp_abc")) is not None  # the store still answers
+
+
+async def test_an_id_spelt_as_another_ids_stored_form_is_a_response_of_its_own(target: Target) -> None:
+    """``Y``, spelt exactly as the stored form of ``X`` (an id with a NUL), is another response:
+    stored as it was, it shared X's row, Y's stream went to the quarantine as a duplicate, and
+    ``history(Y)`` answered with X's events."""
+    x = "resp_a\x00b"
+    y = stored_id(x)
+    assert y != x and stored_id(y) not in (x, y)
+    async with asyncio.timeout(60):
+        async with SqlSink(target.url, schema=target.schema, spool_path=target.spool) as sink:
+            await run_guarded(sink, script(x, n_deltas=2))
+            await run_guarded(sink, script(y, n_deltas=4))
+            assert sink.stats.quarantined == 0
+        async with ResponseStore(target.url, schema=target.schema) as store:
+            hx, hy = await store.history(x), await store.history(y)
+            gy = await store.get(y)
+            page = await store.anomalies(response_id=y)
+    assert hx is not None and hy is not None and gy is not None
+    assert sum(len(a.events) for a in hx.attempts) == len(script(x, n_deltas=2))
+    assert sum(len(a.events) for a in hy.attempts) == len(script(y, n_deltas=4))
+    assert gy.response_id == stored_id(y) != hx.response.response_id
+    assert [a.kind for a in page.items] == ["value_escaped"]  # Y's own, saying it was stored changed
