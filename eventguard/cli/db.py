@@ -83,6 +83,8 @@ def upgrade(
     url = resolve(database_url, schema)
     if start is not None and not sql:
         fail("--from goes with --sql (a live upgrade starts from the database's own revision)")
+    if start is not None and (problem := _migrate.upgrade_range_problem(revision, start)) is not None:
+        fail(f"--from {start}: {problem}")
     if sql:
         text = _migrate.upgrade_sql(
             url.render_as_string(hide_password=True), revision, start=start, schema=schema

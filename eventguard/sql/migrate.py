@@ -28,6 +28,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.script.revision import RangeNotAncestorError, RevisionError
 from sqlalchemy import inspect
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
@@ -241,6 +242,19 @@ def _prepare_locked(connection: Connection, auto_migrate: bool | None, marker_ta
     _run(connection, "upgrade", "head")
 
 
+def upgrade_range_problem(revision: str, start: str) -> str | None:
+    """Why an upgrade from ``start`` cannot reach ``revision`` (``start`` is after it: a downgrade);
+    None when it can, or when Alembic's own upgrade is the one to say what is wrong. Offline,
+    Alembic printed an empty script for such a range (``BEGIN; COMMIT;``), as if nothing were to run."""
+    try:
+        list(ScriptDirectory.from_config(alembic_config()).iterate_revisions(revision, start))
+    except RangeNotAncestorError:
+        return f"is not before {revision!r}: an upgrade cannot go there (that is a downgrade)"
+    except RevisionError:
+        return None  # an unknown or relative revision: Alembic's upgrade says so in its words
+    return None
+
+
 def upgrade_sql(
     url: str, revision: str = "head", *, start: str | None = None, schema: str | None = None
 ) -> str:
@@ -259,6 +273,9 @@ def upgrade_sql(
         check_revision(start, "start")
     buffer = io.StringIO()
     cfg = alembic_config()
+    problem = None if start is None else upgrade_range_problem(revision, start)
+    if problem is not None:
+        raise ValueError(f"start {start!r}: {problem}")
     cfg.output_buffer = buffer
     cfg.attributes["url"] = url
     if schema is not None:

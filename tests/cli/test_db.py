@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eventguard.sql.migrate import expected_heads, history
+from eventguard.sql.migrate import expected_heads, history, upgrade_sql
 
 from .conftest import Cli
 
@@ -131,6 +131,20 @@ def test_upgrade_sql_for_a_postgresql_schema_sets_its_search_path_and_never_prin
     assert 'SET search_path TO "eg ""x""";' in result.stdout
     assert "BIGSERIAL" in result.stdout  # the PostgreSQL dialect's DDL
     assert "s3cr3t" not in result.output
+
+
+@pytest.mark.parametrize(("start", "revision"), [("head", "base"), ("0005", "0003")])
+def test_upgrade_sql_from_a_revision_after_the_target_is_refused_not_an_empty_script(
+    cli: Cli, tmp_path: Path, start: str, revision: str
+) -> None:
+    """Alembic printed ``BEGIN; COMMIT;`` for it: a DBA would run it and think the schema upgraded."""
+    result = cli("db", "upgrade", "--sql", "--from", start, revision)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and f"--from {start}: is not before" in result.stderr
+    with pytest.raises(ValueError, match=rf"^start '{start}': is not before '{revision}'"):
+        upgrade_sql("sqlite:///unused.db", revision, start=start)
+    assert not (tmp_path / "cli.db").exists()
 
 
 def test_from_without_sql_is_a_one_line_error(cli: Cli) -> None:
