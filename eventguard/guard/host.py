@@ -188,11 +188,17 @@ def info_from_context(context: Any) -> ResponseInfo:
 
 
 def is_set(flag: object) -> bool:
-    """A flag that is anything with ``is_set()``, or a plain truth value."""
+    """A flag that is anything with ``is_set()``, or a plain value: a ``bool`` (or 0 or 1), None
+    for not set. Anything else is a ``TypeError``, which a guard takes as a flag it cannot read
+    (not set, and said in a ``flag_unreadable`` anomaly): read for its truth, the string ``"false"``
+    or a stand-in object was a cancel, and the guard recorded the opposite of what was sent."""
     method = getattr(flag, "is_set", None)
-    if callable(method):
-        return bool(method())
-    return bool(flag)
+    value = method() if callable(method) else flag
+    if value is None or value is False or value is True:
+        return bool(value)
+    if type(value) is int and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"a flag must be a bool, not {type(value).__name__} ({value!r:.40})")
 
 
 def _opt_str(value: object) -> str | None:

@@ -111,3 +111,65 @@ async def test_a_flag_that_raises_when_read_is_recorded_and_the_streams_own_endi
 
 def _error(case: str) -> str:
     return "LookupError" if case == "context.client_cancelled" else "ConnectionError"
+
+
+class Answers:
+    """A flag whose ``is_set()`` answers ``value``, whatever it is."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def is_set(self) -> object:
+        return self.value
+
+
+class PlainContext:
+    """A host context whose flags are plain values, as given."""
+
+    def __init__(self, client_cancelled: object = False, shutdown: object = None) -> None:
+        self.response_id = None
+        self.client_cancelled = client_cancelled
+        self.shutdown = shutdown
+
+
+NOT_BOOLS = {
+    "context.client_cancelled is 'false'": (
+        {"context": PlainContext(client_cancelled="false")},
+        "context.client_cancelled",
+    ),
+    "context.shutdown is 'no'": ({"context": PlainContext(shutdown="no")}, "context.shutdown"),
+    "signal.is_set() answers an object": ({"cancellation_signal": Answers(object())}, "cancellation_signal"),
+    "process_shutdown.is_set() answers 'False'": ({"process_shutdown": Answers("False")}, "process_shutdown"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_BOOLS))
+async def test_a_flag_that_is_not_a_bool_is_unreadable_not_read_for_its_truth(
+    target: Target, case: str
+) -> None:
+    """Read for its truth, ``"false"`` was a cancel: the stream's ``completed`` was withheld and the
+    response recorded ``cancelled``, the opposite of what was sent."""
+    kwargs, flag = NOT_BOOLS[case]
+    kwargs = {"cancellation_signal": asyncio.Event(), **kwargs}
+    rid = f"resp_not_bool_{len(case)}"
+    events = script(rid, n_deltas=2)
+    sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
+    await sink.start()
+    seen: list[Any] = []
+
+    async def inner() -> AsyncIterator[Any]:
+        for ev in events:
+            yield ev
+
+    try:
+        async with asyncio.timeout(30):
+            async with guard(inner(), sink=sink, cancel_grace=None, **kwargs) as g:
+                seen.extend([ev async for ev in g])
+    finally:
+        await sink.aclose()
+    async with ResponseStore(target.url, schema=target.schema) as store, asyncio.timeout(30):
+        record = await store.get(rid)
+        found = await store.anomalies(response_id=rid, kind="flag_unreadable")
+    assert seen == events
+    assert record is not None and (record.status, record.cause) == ("completed", "normal")
+    assert [a.reason for a in found.items] == [f"{flag} raised TypeError when read: taken as not set"]
