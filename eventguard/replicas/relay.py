@@ -189,6 +189,8 @@ async def _read_body(receive: Any) -> tuple[bytes, Any]:
 def _body_id(body: bytes) -> str | None:
     """The ``response_id`` of a create request's JSON body, as the host reads it when no header
     gives one; None for a body the host will refuse or an id it will make itself."""
+    if b"response_id" not in body and b"\\u" not in body:
+        return None  # no such key, not even spelt with escapes: not worth parsing a large input
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
