@@ -246,6 +246,8 @@ class Writer:
         self.closed = False
         async with st.lock, asyncio.timeout(self.config.prepare_timeout):
             await self._prepare()
+        if self._closing is not None or self.closed:
+            return  # an aclose() that came while this start prepared comes after it: it stands
         self.ensure_writer()
 
     def recorder(self, lifecycle: Lifecycle) -> SqlRecorder:
@@ -292,9 +294,18 @@ class Writer:
 
     async def _close_ended(self) -> None:
         """Return once a ``close()`` under way (on this loop or another) has ended. Polled: a close
-        is rare and short, and an ``asyncio.Event`` could only be awaited from the close's own loop."""
-        while self._closing is not None:  # noqa: ASYNC110  # see the docstring
-            await asyncio.sleep(_CLOSE_POLL)
+        is rare and short, and an ``asyncio.Event`` could only be awaited from the close's own loop.
+        Bounded by what the close's own steps may take (each is bounded); a close whose loop has
+        ended without finishing it is not waited for."""
+        config = self.config
+        bound = 4 * config.write_timeout + 2 * self.close_timeout + 2 * _TEARDOWN_TIMEOUT
+        try:
+            async with asyncio.timeout(bound):
+                while (closing := self._closing) is not None and not closing.is_closed():  # noqa: ASYNC110
+                    await asyncio.sleep(_CLOSE_POLL)
+        except TimeoutError:
+            raise RuntimeError(f"{self.name}: a close under way did not end within {bound:.0f} s") from None
+        self._closing = None
 
     async def _close(self) -> None:
         st = self.loops.here()

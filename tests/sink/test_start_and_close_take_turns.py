@@ -58,3 +58,17 @@ async def test_a_recorder_asked_for_during_a_close_is_refused(target: Target) ->
     async with closing(target) as (sink, _close):
         with pytest.raises(RuntimeError, match="is closing"):
             sink.recorder(Lifecycle(info=ResponseInfo(response_id="resp_late")))
+
+
+async def test_a_close_during_a_start_stands_and_leaves_no_writer(target: Target) -> None:
+    """The other order: the close came while the start was preparing the schema. The start made
+    its writer task after the close had stopped this loop's, and the close ended the sink under it."""
+    async with asyncio.timeout(60):
+        sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
+        starting = asyncio.create_task(sink.start())
+        while not sink.writer.loops.here().lock.locked():  # noqa: ASYNC110  # the start's own step
+            await asyncio.sleep(0)
+        await sink.aclose()
+        await starting
+        assert sink.writer.closed
+        assert writer_tasks() == []
