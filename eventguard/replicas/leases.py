@@ -189,9 +189,15 @@ async def release(conn: AsyncConnection, partition: str, key: str, owner: str, t
     """Give up a lease under ``token`` for a response nothing stored (a POST the host refused, a
     ``store=false`` run): the id may be created again, as on one server, where the host keeps no
     trace of either. Marked ``deleted``, not removed, so the next claim's token is higher still."""
+    r = provider_responses.c
+    # Never for a response that is stored after all (a handler the host ran after a 500, say): that
+    # lease is ended, so the id stays taken, as a stored response's is.
+    stored = exists().where(r.partition == partition, r.response_key == key, r.deleted.is_(False))
     held = _held(partition, key, owner, token)
-    result = await conn.execute(update(leases).where(*held).values(state="deleted"))
-    return bool(result.rowcount == 1)
+    result = await conn.execute(update(leases).where(*held, ~stored).values(state="deleted"))
+    if result.rowcount == 1:
+        return True
+    return await end_fenced(conn, partition, key, owner, token, "ended")
 
 
 async def mark_deleted(conn: AsyncConnection, partition: str, key: str, owner: str) -> bool:

@@ -23,11 +23,10 @@ host unchanged. A request the relay itself makes to its own host carries :data:`
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from typing import TYPE_CHECKING, Any
-
-import orjson
 
 if TYPE_CHECKING:
     from eventguard.replicas.replica import Replica
@@ -109,6 +108,7 @@ class ReplicaMiddleware:
                 # ran it over the first's live response.
                 body, receive = await _read_body(receive)
                 response_id = _body_id(body)
+                del body  # the host reads it from the replayed messages; not kept for the stream
             if response_id is None:
                 await self.app(scope, receive, send)  # the host makes the id: nobody else has it
                 return
@@ -188,14 +188,28 @@ async def _read_body(receive: Any) -> tuple[bytes, Any]:
 
 def _body_id(body: bytes) -> str | None:
     """The ``response_id`` of a create request's JSON body, as the host reads it when no header
-    gives one; None for a body the host will refuse or an id it will make itself."""
-    if b"response_id" not in body and b"\\u" not in body:
-        return None  # no such key, not even spelt with escapes: not worth parsing a large input
+    gives one (Starlette's ``request.json()``: ``json.loads`` of the bytes, which takes a BOM,
+    UTF-16 and UTF-32, ``NaN``, an escaped lone surrogate, where orjson does not); None for a body
+    the host will refuse or an id it will make itself."""
+    if _plainly_without_an_id(body):
+        return None
     try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return None
     return _chosen_id(parsed.get("response_id")) if isinstance(parsed, dict) else None
+
+
+def _plainly_without_an_id(body: bytes) -> bool:
+    """Whether ``body`` cannot hold a ``response_id`` key, seen without parsing it (a large input is
+    not parsed a second time): UTF-8 without a BOM (UTF-16 and UTF-32 put a NUL in the first four
+    bytes), and neither the key nor a ``\\u`` escape that could spell it."""
+    return (
+        not body.startswith(codecs.BOM_UTF8)
+        and b"\x00" not in body[:4]
+        and b"response_id" not in body
+        and b"\\u" not in body
+    )
 
 
 def _query(scope: Any) -> dict[str, str]:

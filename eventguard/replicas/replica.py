@@ -130,11 +130,18 @@ class Replica:
         where = self._where(response_id, user)
         if where in self.runs:
             return  # the handler runs: settle() ends the lease
-        token = self.tokens.pop(where, None)
-        if token is not None:
+        token = self.tokens.get(where)
+        if token is None:
+            return
+        try:
             async with self._tx() as conn:
                 # Nothing ran or was stored: ended (as it was), the id's corrected retry met a 409.
                 await lease_sql.release(conn, where[0], where[1], self.identity, token)
+        except Exception as exc:  # called from the relay's finally: the request's own error stands
+            # Kept, and renewed by the heartbeat: once this process stops, a reaper ends it.
+            log.warning("could not give back the lease of %r (its POST was refused): %s", response_id, exc)
+            return
+        self.tokens.pop(where, None)
 
     async def claim_run(self, response_id: str, context: Any) -> None:
         """Hold the lease of a response the host starts running here (a recovered run takes over an

@@ -6,6 +6,7 @@ the same id over the first's live response (tests/upstream/test_replicas.py has 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 from typing import Any
 
@@ -20,6 +21,12 @@ from eventguard.replicas.relay import _body_id, _headers, _read_body
         (json.dumps({"model": "m", "response_id": "  caresp_x  "}).encode(), "caresp_x"),
         (b'{"response\\u005fid": "caresp_escaped"}', "caresp_escaped"),  # json.loads reads it so
         (json.dumps({"response_id": "caresp_\u00e9"}, ensure_ascii=True).encode(), "caresp_\u00e9"),
+        # Starlette's request.json() (json.loads) takes these, and so the host runs their id:
+        (codecs.BOM_UTF8 + b'{"response_id": "caresp_bom"}', "caresp_bom"),
+        ('{"response_id": "caresp_utf16"}'.encode("utf-16"), "caresp_utf16"),
+        ('{"response_id": "caresp_utf32le"}'.encode("utf-32-le"), "caresp_utf32le"),
+        (b'{"temperature": NaN, "response_id": "caresp_nan"}', "caresp_nan"),
+        (b'{"input": "\\ud800", "response_id": "caresp_surrogate"}', "caresp_surrogate"),
         (json.dumps({"model": "m", "input": "hi"}).encode(), None),
         (json.dumps({"response_id": "   "}).encode(), None),  # blank: the host makes one
         (json.dumps({"response_id": 5}).encode(), None),
