@@ -15,6 +15,7 @@ threads cannot share a sink: the second gets :class:`~eventguard.errors.SinkLoop
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -50,9 +51,11 @@ _LEGACY_SPOOL = "eventguard-spool.jsonl"
 
 
 def _target(url: URL, schema: str | None) -> str:
-    """12 hex digits naming a database and schema: its URL without password or query (options such
-    as ``sslmode`` reach the same database), and the schema."""
-    bare = URL.create(url.drivername, url.username, None, url.host, url.port, url.database)
+    """12 hex digits naming a database and schema: its backend, host, port (PostgreSQL's 5432 when
+    none is given) and database, and the schema. Not the driver, the user, the password or the
+    options (``sslmode``): ``eventguard spool replay`` run as another role reaches the same data."""
+    port = url.port if url.port is not None else (5432 if url.get_backend_name() == "postgresql" else None)
+    bare = URL.create(url.get_backend_name(), None, None, url.host, port, url.database)
     where = bare.render_as_string(hide_password=False)
     return hashlib.sha256(f"{where}#{schema or ''}".encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
@@ -100,7 +103,7 @@ class SqlSink:
     :param max_payload_bytes: a payload larger than this is stored cut, with an anomaly.
     :param spool_path: the spool file (batches the database did not take, replayed later); default
         beside the SQLite file, else ``./eventguard-spool-<target>.jsonl``, ``<target>`` 12 hex
-        digits of the SHA-256 of the database (its URL without password or query) and schema. A
+        digits of the SHA-256 of the database (backend, host, port, name) and schema. A
         path that cannot be the spool (a file that is not one, the database's own) raises
         :class:`~eventguard.errors.BadSpoolPath`.
     :param close_timeout: seconds a guard's final flush may take before it goes on in the
@@ -228,7 +231,10 @@ class SqlSink:
         # sinks started in one directory (two apps, two schemas) replayed each other's batches.
         spool = Path.cwd() / f"eventguard-spool-{_target(self.url, self.schema)}.jsonl"
         legacy = Path.cwd() / _LEGACY_SPOOL
-        if legacy.is_file() and legacy.stat().st_size:
+        left = False
+        with contextlib.suppress(OSError):  # unreadable: nothing to say about it
+            left = legacy.is_file() and legacy.stat().st_size > 0
+        if left:
             log.warning(
                 "eventguard sink: %s is the spool of an earlier eventguard (one file for every "
                 "database); it is not replayed from there: run 'eventguard spool replay --spool %s' "

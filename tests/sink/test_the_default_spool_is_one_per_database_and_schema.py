@@ -25,7 +25,12 @@ def test_each_database_and_schema_has_its_own_default_spool(
     a, again, b = SqlSink(PG_URL, schema="a"), SqlSink(PG_URL, schema="a"), SqlSink(PG_URL, schema="b")
     other_db = SqlSink(PG_URL.rsplit("/", 1)[0] + "/other", schema="a")
     with_password = SqlSink(PG_URL.replace("postgres@", "postgres:secret@") + "?sslmode=disable", schema="a")
-    assert a.spool.path == again.spool.path == with_password.spool.path
+    # Another role (an admin running the replay), the default port spelt out, another driver name:
+    as_admin = SqlSink(PG_URL.replace("postgres@", "admin@"), schema="a")
+    port_spelt = SqlSink(PG_URL.replace(":5432", ""), schema="a")
+    psycopg = SqlSink(PG_URL.replace("+asyncpg", ""), schema="a")
+    assert a.spool.path == again.spool.path == with_password.spool.path == as_admin.spool.path
+    assert a.spool.path == port_spelt.spool.path == psycopg.spool.path
     assert len({a.spool.path, b.spool.path, other_db.spool.path}) == 3
     assert a.spool.path.parent == tmp_path and a.spool.path.name.startswith("eventguard-spool-")
     assert "secret" not in str(with_password.spool.path)
