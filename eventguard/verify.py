@@ -1,8 +1,9 @@
 """Re-check what the sink stored: every history replayed through the lifecycle state machine.
 
 :func:`verify` is what ``eventguard verify`` runs (the command only prints the report). For each
-response and attempt, the stored transitions are replayed through
-:meth:`eventguard.Lifecycle.transition` (the same checks the guard ran when it recorded them), the
+response and attempt, the stored transitions are replayed through the state machine's table
+(``ALLOWED_TRANSITIONS``, what :meth:`eventguard.Lifecycle.transition` checks when the guard records
+them; not a ``Lifecycle``, whose ending would be reported as a response's metric again), the
 stored lifecycle events are read as the guard reads them, and the three are compared with the
 response row: every way a response's transitions, events and status disagree is a
 :class:`Disagreement` in the returned :class:`VerifyReport`.
@@ -43,7 +44,7 @@ from eventguard.events import (
     parse_lifecycle_event,
     read_terminal,
 )
-from eventguard.lifecycle import ALLOWED_TRANSITIONS, ENDED_STATES, AnomalyKind, Lifecycle, State
+from eventguard.lifecycle import ALLOWED_TRANSITIONS, ENDED_STATES, AnomalyKind, State
 from eventguard.records import Attempt, History, TransitionRecord
 from eventguard.sql.tables import TERMINAL, events, provider_responses, responses
 from eventguard.store import ResponseStore
@@ -151,7 +152,9 @@ def check_attempt(
     """
     problems: list[str] = []
     start = State.NEW if attempt.attempt == 1 else State.INTERRUPTED
-    lc = Lifecycle(state=start, attempt=attempt.attempt)
+    # The state machine's own table, not a Lifecycle: a Lifecycle's ending is reported as a
+    # response's (the eventguard.response.ended metric), and a read-only check counted each again.
+    state = start
     steps = sorted(  # the numbered transitions the sink wrote; recover marks are negative
         (t for t in attempt.transitions if t.idx >= 0), key=lambda t: t.idx
     )
@@ -166,18 +169,17 @@ def check_attempt(
         if src is None or dst is None:
             problems.append(f"transition #{t.idx} {t.from_state} -> {t.to_state}: unknown state")
             continue
-        if src is not lc.state:
+        if src is not state:
             problems.append(
-                f"transition #{t.idx} starts at {src.value}, but the history was at {lc.state.value}"
+                f"transition #{t.idx} starts at {src.value}, but the history was at {state.value}"
             )
-            lc.state = src
-        try:
-            lc.transition(dst, reason=t.reason)
-        except IllegalTransition as exc:
-            problems.append(f"transition #{t.idx}: {exc}")
-            lc.state = dst
+            state = src
+        if dst not in ALLOWED_TRANSITIONS[state]:
+            refused = IllegalTransition(state, dst, t.reason or "not an allowed transition")
+            problems.append(f"transition #{t.idx}: {refused}")
+        state = dst
         last = t
-    final: State | None = lc.state if steps or attempt.attempt > 1 else None
+    final: State | None = state if steps or attempt.attempt > 1 else None
     for t in marks:  # written by `recover` for a row nobody wrote any more
         src, dst = _state(t.from_state), _state(t.to_state)
         if src is None or dst is None or dst not in ALLOWED_TRANSITIONS.get(src, frozenset()):
