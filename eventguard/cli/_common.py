@@ -522,12 +522,17 @@ def cell(value: Any) -> Text:
 def table(
     title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, keep: Sequence[str] = ()
 ) -> Table:
-    """A table; the ``keep`` columns (ids) are never wrapped, so they can be copied whole."""
+    """A table; the ``keep`` columns (ids) are not wrapped, so they can be copied whole, unless one
+    of their values takes more than half the console's width: unwrapped, it squeezed every other
+    column to nothing (a 250-character id left no status to read). ``--json`` has them whole."""
     t = Table(title=None if title is None else cell(title), title_justify="left", show_lines=False)
-    for column in columns:
-        t.add_column(cell(column), overflow="fold", no_wrap=column in keep)
-    for row in rows:
-        t.add_row(*(cell(value) for value in row))
+    cells = [[cell(value) for value in row] for row in rows]
+    widest = out.width // 2
+    for i, column in enumerate(columns):
+        unwrapped = column in keep and all(row[i].cell_len <= widest for row in cells)
+        t.add_column(cell(column), overflow="fold", no_wrap=unwrapped)
+    for row in cells:
+        t.add_row(*row)
     return t
 
 
