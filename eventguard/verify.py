@@ -224,27 +224,54 @@ def _is_cut_marker(payload: object, etype: str) -> bool:
     )
 
 
-def _cut_by_the_sink(attempt: Attempt | _RowAttempt, seq: int, etype: str) -> bool:
-    """Whether the sink said, with a ``payload_truncated`` anomaly of this attempt, that it cut this
-    event: without one, a marker-shaped payload is not known to be the sink's."""
+_STAND_IN_NOTE_KEYS = frozenset({"not_serialisable", "python_type", "repr"})
+
+
+def _is_stand_in(payload: object) -> bool:
+    """Whether ``payload`` is, exactly, what the sink stores for an event JSON cannot hold (an
+    integer past 64 bits, say): ``{"_eventguard": {"not_serialisable": <why>, "python_type": <str>,
+    "repr": <str>}}`` (:func:`eventguard.sink.serialise.encode`'s stand-in), and nothing else."""
+    if not isinstance(payload, dict) or payload.keys() != {"_eventguard"}:
+        return False
+    note = payload["_eventguard"]
+    return (
+        isinstance(note, dict)
+        and note.keys() == _STAND_IN_NOTE_KEYS
+        and all(isinstance(v, str) for v in note.values())
+    )
+
+
+def _stored_in_place_as(payload: object, etype: str) -> AnomalyKind | None:
+    """Which of the sink's stand-ins ``payload`` is (the anomaly the sink records with it), if any."""
+    if _is_cut_marker(payload, etype):
+        return AnomalyKind.PAYLOAD_TRUNCATED
+    if _is_stand_in(payload):
+        return AnomalyKind.NOT_SERIALISABLE
+    return None
+
+
+def _said_by_the_sink(attempt: Attempt | _RowAttempt, seq: int, etype: str, kind: AnomalyKind) -> bool:
+    """Whether the sink said, with a ``kind`` anomaly of this attempt for this event, that it stored
+    it in place: without one, a payload shaped like the sink's stand-in is not known to be one."""
     return any(
-        a.source == "sink"
-        and a.kind == AnomalyKind.PAYLOAD_TRUNCATED.value
-        and a.event_index == seq
-        and a.event_type == etype
+        a.source == "sink" and a.kind == kind.value and a.event_index == seq and a.event_type == etype
         for a in attempt.anomalies
     )
 
 
-def _check_cut_terminal(seq: int, etype: str, final: State | None) -> list[str]:
-    """What a terminal event the sink cut still shows: its type (its position was checked by the
-    caller). Its payload cannot be validated, which is what the sink documents, not a disagreement."""
+def _check_cut_terminal(seq: int, etype: str, final: State | None, how: str) -> list[str]:
+    """What a terminal event the sink stored in place still shows: its type (its position was
+    checked by the caller). Its payload cannot be validated, which is what the sink documents, not a
+    disagreement."""
     claims = _CUT_TERMINAL_STATES[etype]
     if final is None or final in claims:
         return []
     said = " or ".join(sorted(c.value for c in claims))
-    claim = f"the stored terminal event #{seq} {etype} (stored cut) says {said}"
+    claim = f"the stored terminal event #{seq} {etype} ({how}) says {said}"
     return [f"{claim}, the transitions end {final.value}"]
+
+
+_STORED_AS = {AnomalyKind.PAYLOAD_TRUNCATED: "stored cut", AnomalyKind.NOT_SERIALISABLE: "stored as its repr"}
 
 
 def _check_events(attempt: Attempt | _RowAttempt, final: State | None, steps: list[Any]) -> list[str]:
@@ -267,18 +294,20 @@ def _check_events(attempt: Attempt | _RowAttempt, final: State | None, steps: li
         try:
             parsed = parse_lifecycle_event(event.payload)
         except LifecycleEventError as exc:
-            # The sink's marker for a payload over max_payload_bytes (it has no "type", so it
-            # never validates; looked for only here, so a whole payload costs nothing more): its
-            # event cannot be validated, as the sink documents, which is no disagreement.
+            # The sink's stand-ins, for a payload over max_payload_bytes or one JSON cannot hold
+            # (neither has a "type", so neither validates; looked for only here, so a whole payload
+            # costs nothing more): such an event cannot be validated, as the sink documents.
             assert etype is not None  # LIFECYCLE_KINDS named it a terminal
-            if not _is_cut_marker(event.payload, etype):
+            kind_in_place = _stored_in_place_as(event.payload, etype)
+            if kind_in_place is None:
                 problems.append(f"event #{event.seq} {etype} does not validate: {exc}")
-            elif not _cut_by_the_sink(attempt, event.seq, etype):
+            elif not _said_by_the_sink(attempt, event.seq, etype, kind_in_place):
                 problems.append(
-                    f"event #{event.seq} {etype} is stored cut, but no payload_truncated anomaly says so"
+                    f"event #{event.seq} {etype} is {_STORED_AS[kind_in_place]}, but no "
+                    f"{kind_in_place.value} anomaly says so"
                 )
             else:
-                problems.extend(_check_cut_terminal(event.seq, etype, final))
+                problems.extend(_check_cut_terminal(event.seq, etype, final, _STORED_AS[kind_in_place]))
             continue
         assert isinstance(parsed, ResponseCompleted | ResponseIncomplete | ResponseFailed)
         claim = read_terminal(parsed).state

@@ -281,3 +281,35 @@ def test_a_users_event_with_an_eventguard_key_is_validated_as_an_event(
     (found,) = run(verified(url, schema)).disagreements
     assert found.response_id == "resp_mine"
     assert found.problem.startswith("event #2 response.completed does not validate: ")
+
+
+def test_a_terminal_the_sink_stored_as_its_repr_is_no_disagreement_unless_unsaid(
+    database: tuple[str, str | None],
+) -> None:
+    """A terminal JSON cannot hold (an integer past 64 bits in its usage) is stored as the sink's
+    stand-in, with a ``not_serialisable`` anomaly: like a cut one, it was reported as "does not
+    validate" (exit 1). Without its anomaly, the stand-in is still reported."""
+    url, schema = database
+    rid = "resp_huge_usage"
+
+    async def recorded() -> None:
+        async def stream() -> AsyncIterator[Any]:
+            started = {"id": rid, "object": "response", "status": "in_progress", "output": []}
+            yield {"type": "response.created", "sequence_number": 0, "response": started}
+            yield {"type": "response.in_progress", "sequence_number": 1, "response": started}
+            done = terminal(rid, "response.completed", "hi")
+            done["response"]["usage"] = {"input_tokens": 2**70, "output_tokens": 1, "total_tokens": 2**70}
+            yield done
+
+        sink = SqlSink(url, schema=schema, spool_path=Path("spool.jsonl"))
+        async with sink, guard(stream(), _Signal(), sink=sink) as g:
+            async for _ in g:
+                pass
+
+    run(recorded())
+    report = run(verified(url, schema))
+    assert report.ok, report.disagreements
+    assert cli_verify(url, schema)[0] == 0
+    run(alter(url, schema, delete(anomalies).where(anomalies.c.response_id == rid)))
+    (disagreement,) = run(verified(url, schema)).disagreements
+    assert "is stored as its repr, but no not_serialisable anomaly says so" in disagreement.problem
