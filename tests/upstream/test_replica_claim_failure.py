@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eventguard.foundry import GuardedResponsesHostServer
+from eventguard.foundry import GuardedResponsesHostServer, _store_keyword
 from eventguard.replicas import ReplicaOptions
 from eventguard.testing import ScriptedChatClient, chat_agent
 
@@ -54,5 +54,7 @@ def test_replicas_with_the_applications_own_store_are_refused_by_name(keyword: s
         GuardedResponsesHostServer(
             agent, database=url, replicas=ReplicaOptions(), configure_observability=None, **{keyword: mine}
         )
-    kept = GuardedResponsesHostServer(agent, database=url, configure_observability=None, **{keyword: mine})
+    # Without replicas= the store is kept, under the keyword this host takes (1.0.0b260918: store).
+    own = _store_keyword()
+    kept = GuardedResponsesHostServer(agent, database=url, configure_observability=None, **{own: mine})
     assert kept.eventguard_storage is not None and kept.eventguard_storage.provider is None
