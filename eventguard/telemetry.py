@@ -15,10 +15,13 @@ handlers are the application's, as usual. Stored text is escaped (no control cha
 bidi overrides reach a log line) and cut to a bounded length.
 
 When OpenTelemetry's API is installed (the host installs it; ``pip install opentelemetry-api``
-otherwise) and a span is recording, each anomaly is also an event on the *current* span (the host's
-span for the response, when the guard noticed it): ``eventguard.correction`` or
-``eventguard.anomaly``. And these metrics are reported, on the meter ``eventguard`` (names follow
-OpenTelemetry's naming guidelines: dotted, lower case, the unit apart, no ``_total``):
+otherwise) and a span is recording, each anomaly is also an event on its response's span:
+``eventguard.correction`` or ``eventguard.anomaly``. For the guard's, that is the span current where
+the guard noticed it (the host's span for the response); for the sink's, which its writer records
+from a task of its own, the span that was current where the response's recorder was made (the
+guard's); a batch read back from the spool reports on no span. And these metrics are reported, on
+the meter ``eventguard`` (names follow OpenTelemetry's naming guidelines: dotted, lower case, the unit
+apart, no ``_total``):
 
 - ``eventguard.response.ended``: counter, ``{response}``; by ``eventguard.response.status`` and
   ``eventguard.response.cause``.
@@ -119,17 +122,42 @@ def anomaly_noted(lifecycle: Lifecycle, anomaly: Anomaly) -> None:
     )
 
 
+def response_span() -> object | None:
+    """The span that is current and recording, to report a response's anomalies on later, from
+    another task; None without one (or with OpenTelemetry off). Never raises.
+
+    The sink's writer works for every response in a task of its own, whose current span is none of
+    theirs: each recorder takes its response's span with this when it is made.
+    """
+    if not _reporting.opentelemetry:
+        return None
+    try:
+        otel = _otel()
+        return otel.recording_span() if otel is not None else None
+    except Exception:  # as report_anomaly: telemetry never breaks a stream
+        log.debug("eventguard: reading the current span failed", exc_info=True)
+        return None
+
+
+#: ``report_anomaly``'s default span: the one current where it is called.
+CURRENT_SPAN: Final = object()
+
+
 def report_anomaly(
     response_id: str | None,
     attempt: int,
     kind: AnomalyKind,
     reason: str,
     event_type: str | None = None,
+    *,
+    span: object | None = CURRENT_SPAN,
 ) -> None:
     """Report one anomaly: a log line, a span event, a count. Never raises.
 
-    The guard's anomalies come here through :meth:`Lifecycle.note`; the sink's (a value escaped, a
-    batch refused, a duplicate stream) are reported by the sink when it records them.
+    The guard's anomalies come here through :meth:`Lifecycle.note`, in the response's own task, and
+    go on the current span. The sink's (a value escaped, a batch refused, a duplicate stream) are
+    reported by the sink's writer when it records them, with the ``span`` its response had
+    (:func:`response_span`; None: on no span, as for a batch read back from the spool).
     """
     settings = _reporting
     correction = kind.correction
@@ -148,7 +176,7 @@ def report_anomaly(
         if settings.opentelemetry:
             otel = _otel()
             if otel is not None:
-                otel.anomaly(response_id, attempt, kind, reason, event_type, correction)
+                otel.anomaly(response_id, attempt, kind, reason, event_type, correction, span)
     except Exception:  # reporting must never break a stream; CancelledError is not an Exception
         log.debug("eventguard: reporting an anomaly failed", exc_info=True)
 
@@ -285,10 +313,12 @@ class _Otel:
         reason: str,
         event_type: str | None,
         correction: bool,
+        span: Any,
     ) -> None:
         self._anomalies.add(1, {"eventguard.anomaly.kind": kind.value, "eventguard.correction": correction})
-        span = self._trace.get_current_span()
-        if span.is_recording():
+        if span is CURRENT_SPAN:
+            span = self._trace.get_current_span()
+        if span is not None and span.is_recording():
             attributes: dict[str, Any] = {
                 "eventguard.anomaly.kind": kind.value,
                 "eventguard.anomaly.reason": one_line(reason),
@@ -299,6 +329,10 @@ class _Otel:
             if event_type is not None:
                 attributes["eventguard.event.type"] = one_line(event_type, 200)
             span.add_event("eventguard.correction" if correction else "eventguard.anomaly", attributes)
+
+    def recording_span(self) -> Any:
+        span = self._trace.get_current_span()
+        return span if span.is_recording() else None
 
     def ended(self, step: Transition) -> None:
         cause = step.cause.value if step.cause is not None else "none"

@@ -233,9 +233,10 @@ async def write(
     if refused_streams:
         records = [quarantine.of_batch(b, "duplicate", d.reason) for b, d in refused_streams]
         out.quarantined = await quarantine.insert(conn, records, once=replay)
-        # One anomaly per refused stream, however many of its batches this write saw.
-        streams = {(d.response_id, d.stream_id): d for _, d in refused_streams}
-        found.extend(_duplicate_anomaly(d) for d in streams.values())
+        # One anomaly per refused stream, however many of its batches this write saw, on that
+        # stream's span.
+        streams = {(d.response_id, d.stream_id): (d, b.span) for b, d in refused_streams}
+        found.extend(_duplicate_anomaly(d, span) for d, span in streams.values())
     await _insert(conn, anomalies, _dict_rows(conn.dialect, anomalies, found))
     return out
 
@@ -796,13 +797,19 @@ async def note_refused(conn: AsyncConnection, batch: Batch, reason: str, key: st
     reason = f"{reason}; kept in the quarantine table"
     idx = sink_idx(f"sink_refused:{key}")
     row = sink_anomaly(
-        batch.response_id, batch.attempt, AnomalyKind.SINK_REFUSED, reason, idx, datetime.now(UTC)
+        batch.response_id,
+        batch.attempt,
+        AnomalyKind.SINK_REFUSED,
+        reason,
+        idx,
+        datetime.now(UTC),
+        span=batch.span,
     )
     await _insert(conn, anomalies, _dict_rows(conn.dialect, anomalies, [row]))
     return True
 
 
-def _duplicate_anomaly(dup: Duplicate) -> dict[str, Any]:
+def _duplicate_anomaly(dup: Duplicate, span: object | None) -> dict[str, Any]:
     text = quarantine.text
     return sink_anomaly(
         dup.response_id,
@@ -814,6 +821,7 @@ def _duplicate_anomaly(dup: Duplicate) -> dict[str, Any]:
         payload=PreSerialised(
             orjson.dumps({"stream_id": text(dup.stream_id), "owner_stream": text(dup.holder_stream)}).decode()
         ),
+        span=span,
     )
 
 
@@ -826,6 +834,7 @@ def _refusal_anomaly(batch: Batch, refusal: Refusal, refused: list[dict[str, Any
         batch.refusal_idx,
         datetime.now(UTC),
         payload=encode_value(refused) if refused else None,
+        span=batch.span,
     )
 
 

@@ -70,10 +70,12 @@ def sink_anomaly(
     event_type: str | None = None,
     event_index: int | None = None,
     payload: Any = None,
+    span: object | None = None,
 ) -> dict[str, Any]:
     """An ``anomalies`` row the sink adds itself (``source`` ``sink``), said the moment it is made, as
-    the guard's anomalies are (:func:`eventguard.telemetry.report_anomaly`)."""
-    telemetry.report_anomaly(response_id, attempt, kind, reason, event_type)
+    the guard's anomalies are (:func:`eventguard.telemetry.report_anomaly`), on ``span``: the
+    response's own (``Batch.span``), never the writer task's current one."""
+    telemetry.report_anomaly(response_id, attempt, kind, reason, event_type, span=span)
     return {
         "response_id": response_id,
         "attempt": attempt,
@@ -115,6 +117,9 @@ class Batch:
     #: The guarded stream that produced it (one per recorder): two streams that carry the same
     #: response id are told apart by it. None in spools written before it existed.
     stream_id: str | None = None
+    #: The response's span (``telemetry.response_span``), for the anomalies the writer adds; not
+    #: spooled: a batch read back from the spool reports on none.
+    span: object | None = field(default=None, repr=False, compare=False)
 
     def event_count(self) -> int:
         return len(self.events) + len(self.raw) - self.raw_done

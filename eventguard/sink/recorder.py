@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 from sqlalchemy import Column, String
 
+from eventguard import telemetry
 from eventguard.lifecycle import AnomalyKind, Lifecycle
 from eventguard.sink.batch import Batch, sink_anomaly
 from eventguard.sink.serialise import JSON_OPTIONS, NUL, encode
@@ -108,12 +109,16 @@ class SqlRecorder:
         "pending",
         "queued",
         "refusal",
+        "span",
         "stream_id",
     )
 
     def __init__(self, sink: RecorderSink, lifecycle: Lifecycle) -> None:
         self._sink = sink
         self.lifecycle = lifecycle
+        #: The response's span, taken where the recorder is made (the guard's, in the response's
+        #: task): the sink's anomalies go on it, from the writer's task (``Batch.span``).
+        self.span = telemetry.response_span()
         #: None when the filter keeps every event: the hot path then makes no call for it.
         self._keep = None if sink.filter.keeps_all else sink.filter.keep
         #: (attempt, index, type, event) references, not yet serialised.
@@ -369,6 +374,7 @@ class SqlRecorder:
             terminal=False,
             recorded_at=now,
             stream_id=self.stream_id,
+            span=self.span,
         )
 
         for t in lc.transitions[self._transitions_taken : n_transitions]:
@@ -546,6 +552,7 @@ class SqlRecorder:
             event_type=etype,
             event_index=seq,
             payload=payload,
+            span=self.span,
         )
 
     def _row(self, now: datetime) -> dict[str, Any]:

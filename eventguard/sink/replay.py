@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -110,7 +111,10 @@ class Replayer:
             return
         self.spooled = False  # what is spooled from now on is replayed by the next call
         if pending:
-            st.replay = st.loop.create_task(self._background(), name=f"eventguard-replay {self._name()}")
+            # In a context of its own, as the writer's task (writer.ensure_writer).
+            st.replay = st.loop.create_task(
+                self._background(), name=f"eventguard-replay {self._name()}", context=contextvars.Context()
+            )
 
     async def _background(self) -> ReplayResult | None:
         target = self._target

@@ -30,6 +30,7 @@ cancelled then) or, at the latest, once the loop is closed.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -496,7 +497,12 @@ class Writer:
         st = self.loops.here()
         if st.task is None or st.task.done():
             st.stopping = False
-            st.task = st.loop.create_task(self._run(st), name=f"eventguard-writer {self.name}")
+            # In a context of its own: the task is started by whichever response first needs it,
+            # and works for every response for the sink's life, so it must not carry that one's
+            # context (its span would parent every write a database instrumentation traces).
+            st.task = st.loop.create_task(
+                self._run(st), name=f"eventguard-writer {self.name}", context=contextvars.Context()
+            )
             st.task.add_done_callback(self._writer_done)
             if self._ready:
                 self.replayer.soon()  # what an earlier writer of this sink left in the spool
