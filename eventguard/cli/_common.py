@@ -41,9 +41,11 @@ T = TypeVar("T")
 P = ParamSpec("P")
 E = TypeVar("E", bound=Enum)
 
-#: Exit codes: 0 fine, 1 the command ran and found a problem (verify), 2 usage or environment error.
+#: Exit codes: 0 fine, 1 the command ran and found a problem (verify), 2 usage or environment error,
+#: 130 interrupted (Ctrl-C; 128 + SIGINT, as a shell reports it).
 EXIT_FOUND = 1
 EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
 
 DatabaseUrl = Annotated[
     str | None,
@@ -206,6 +208,9 @@ def handled(fn: Callable[P, T]) -> Callable[P, T]:
         except CliError as exc:
             err.print(Text(f"eventguard: error: {one_line(str(exc), secrets)}"), soft_wrap=True)
             raise typer.Exit(EXIT_ERROR) from None
+        except KeyboardInterrupt:  # Ctrl-C: what was written stays; the shell's code for SIGINT
+            err.print(Text("eventguard: interrupted"))
+            raise typer.Exit(EXIT_INTERRUPTED) from None
 
     return wrapper
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import uvicorn
@@ -13,6 +13,16 @@ __all__ = ["loopback_server", "wait_until"]
 
 #: Default bound of starting, and of stopping, the server.
 STEP = 20.0
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn serving inside a program that has its own life: the process's signals stay the
+    program's. (uvicorn's own would take SIGINT and SIGTERM to stop serving, leave the program to
+    find its server gone, and raise the signal again once stopped.)"""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 @asynccontextmanager
@@ -24,9 +34,11 @@ async def loopback_server(
     Starting and stopping are each bounded by ``within`` seconds (``TimeoutError``). A server that
     stops before it serves raises its own error, or ``RuntimeError``. Leaving the block asks
     uvicorn to exit (its graceful shutdown runs the app's lifespan shutdown) and waits for it.
-    ``config`` goes to ``uvicorn.Config`` (``backlog=``, ...).
+    ``config`` goes to ``uvicorn.Config`` (``backlog=``, ...). uvicorn does not take the process's
+    signals: Ctrl-C interrupts the caller (``asyncio.run`` cancels it), and leaving the block then
+    stops the server as above.
     """
-    server = uvicorn.Server(
+    server = _EmbeddedServer(
         uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level=log_level, **config)
     )
     task = asyncio.create_task(server.serve())
