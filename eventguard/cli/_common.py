@@ -139,6 +139,11 @@ def _resolve(url: str | None) -> URL:
         fail(f"bad database URL {quoted(exc.shown)}: {exc.problem}")
     except ArgumentError:
         reason = "not a database URL (expected e.g. sqlite:///eventguard.db or postgresql://host/db)"
+        if raw is not None and "://" not in raw:  # a file's path, most likely: it is not shown
+            reason = (  # (it could be a secret pasted in the wrong place), so say what a URL looks like
+                "not a database URL: it has no scheme:// (a SQLite file is sqlite:///relative/path.db or "
+                "sqlite:////absolute/path.db; PostgreSQL is postgresql://host/db)"
+            )
     except ValueError as exc:  # ours ("unsupported database ..."), or the parser's
         text = str(exc)
         reason = text if text.startswith("unsupported database") else "cannot read it as a URL"

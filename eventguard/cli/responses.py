@@ -234,7 +234,12 @@ def _mode(r: ResponseRecord) -> str:
 def _tokens(r: ResponseRecord) -> str | None:
     if r.total_tokens is None and r.input_tokens is None and r.output_tokens is None:
         return None
-    return f"in {r.input_tokens or 0} / out {r.output_tokens or 0} / total {r.total_tokens or 0}"
+
+    # A count not stored (NULL: not reported, or past what the column holds) is unknown, not 0.
+    def count(n: int | None) -> str:
+        return "-" if n is None else str(n)
+
+    return f"in {count(r.input_tokens)} / out {count(r.output_tokens)} / total {count(r.total_tokens)}"
 
 
 def _error(r: ResponseRecord) -> str | None:

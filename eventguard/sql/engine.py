@@ -116,7 +116,8 @@ def _parse(url: str) -> URL:
     try:
         return make_url(url)
     except ArgumentError:
-        raise ArgumentError(f"not a database URL: {safe_url(url)!r}") from None
+        hint = "" if "://" in url else " (it has no scheme://; a SQLite file is sqlite:///path/to/file.db)"
+        raise ArgumentError(f"not a database URL: {safe_url(url)!r}{hint}") from None
 
 
 def safe_url(url: URL | str) -> str:

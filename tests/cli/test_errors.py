@@ -28,6 +28,8 @@ def one_line(result: object) -> str:
     [
         ("mysql://root:hunter2@db.example/app", "unsupported database 'mysql'"),
         ("this is not a url", "not a database URL"),
+        # a file's path: not shown (it could be a secret pasted in the wrong place), but said to be one
+        ("/var/lib/app/history.db", "it has no scheme:// (a SQLite file is sqlite:///relative/path.db"),
         ("postgresql://root:hunter2@[broken/app", "cannot use the database postgresql+asyncpg://root:***@"),
     ],
 )
