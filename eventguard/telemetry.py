@@ -108,10 +108,18 @@ def reporting() -> Reporting:
 
 
 def set_reporting(settings: Reporting) -> Reporting:
-    """Put ``settings`` in force for every lifecycle from now on; returns the settings it replaced."""
+    """Put ``settings`` in force for every lifecycle from now on, and for the metrics of every sink
+    already built; returns the settings it replaced."""
     global _reporting, _otel_state
     before, _reporting = _reporting, settings
     _otel_state = _UNSET  # the instruments are made again, for the provider now in force
+    if settings.opentelemetry and len(_sinks):
+        # ... at once where sinks are watched: their observable figures are read at the new
+        # provider's first collection, not from the next anomaly or ending.
+        try:
+            _otel()
+        except Exception:  # as watch_sink: telemetry never breaks the application
+            log.debug("eventguard: setting up the sink's metrics failed", exc_info=True)
     return before
 
 

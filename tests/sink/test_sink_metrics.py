@@ -149,3 +149,19 @@ async def test_opentelemetry_off_reports_no_sink_metric(
             await sink.aclose()
     assert sink.stats.events_written == len(script("resp_off", n_deltas=2))
     assert _metrics(reader, sink.owner) == {}
+
+
+async def test_a_sink_built_before_the_meter_provider_is_set_is_read_by_it(target: Target) -> None:
+    """The application sets its MeterProvider (``set_reporting``) after building its sink: the
+    sink's figures are there at the first collection, not only after the next response ends."""
+    sink = SqlSink(target.url, schema=target.schema, spool_path=target.spool)
+    async with asyncio.timeout(STEP):
+        await sink.start()
+        try:
+            await run_guarded(sink, script("resp_late_provider", n_deltas=2))
+            await sink.flush()
+            with reading_metrics() as reader:
+                found = _metrics(reader, sink.owner)
+                assert _value(found, "eventguard.sink.events.written") == sink.stats.events_written > 0
+        finally:
+            await sink.aclose()
