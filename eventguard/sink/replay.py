@@ -112,8 +112,8 @@ class Replayer:
         self.spooled = False  # what is spooled from now on is replayed by the next call
         if pending:
             # In a context of its own, as the writer's task (writer.ensure_writer).
-            st.replay = st.loop.create_task(
-                self._background(), name=f"eventguard-replay {self._name()}", context=contextvars.Context()
+            st.replay = contextvars.Context().run(
+                st.loop.create_task, self._background(), name=f"eventguard-replay {self._name()}"
             )
 
     async def _background(self) -> ReplayResult | None:

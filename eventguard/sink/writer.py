@@ -500,8 +500,10 @@ class Writer:
             # In a context of its own: the task is started by whichever response first needs it,
             # and works for every response for the sink's life, so it must not carry that one's
             # context (its span would parent every write a database instrumentation traces).
-            st.task = st.loop.create_task(
-                self._run(st), name=f"eventguard-writer {self.name}", context=contextvars.Context()
+            # (Made inside an empty context, which the task copies: any loop takes that, where
+            # not every one takes create_task's context argument.)
+            st.task = contextvars.Context().run(
+                st.loop.create_task, self._run(st), name=f"eventguard-writer {self.name}"
             )
             st.task.add_done_callback(self._writer_done)
             if self._ready:
