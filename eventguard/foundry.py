@@ -25,6 +25,7 @@ user of the host).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import logging
@@ -192,6 +193,7 @@ class GuardedResponses:
         #: foreground responses through their context but never background ones; a background run the
         #: exit then cancels was stopped by shutdown, not by a client.
         self._eventguard_process_shutdown = _Flag()
+        self._eventguard_running = _Running()
         super().__init__(*args, **kwargs)
         # SIGTERM under ``server.run()``: the host's pre-shutdown callbacks run first of all.
         register = getattr(self, "register_pre_shutdown_callback", None)
@@ -203,7 +205,7 @@ class GuardedResponses:
         router = getattr(self, "router", None)
         lifespan = getattr(router, "lifespan_context", None)
         if lifespan is not None:
-            wrapped = _noting_shutdown(lifespan, self._eventguard_process_shutdown)
+            wrapped = _noting_shutdown(lifespan, self._eventguard_process_shutdown, self._eventguard_running)
             if self.eventguard_storage is not None:
                 wrapped = _owning(wrapped, self.eventguard_storage)
             router.lifespan_context = wrapped  # type: ignore[union-attr]
@@ -275,11 +277,16 @@ class GuardedResponses:
                 # recorded the response failed.
                 shown = one_line(g.lifecycle.info.response_id)
                 log.warning("eventguard: on_guard raised for response %s", shown, exc_info=True)
+        # The task iterating the response (the request's, or the host's background task): ended by
+        # the lifespan's shutdown if it is still running then (_Running.end).
+        task = asyncio.current_task()
+        self._eventguard_running.add(task)
         try:
             async with g as events:
                 async for event in events:
                     yield event
         finally:
+            self._eventguard_running.discard(task)
             if replica is not None and info.response_id is not None:
                 # A task of the replica (kept there, and given its chance when the replica stops).
                 replica.settle_later(info.response_id, context)
@@ -303,17 +310,71 @@ class _Flag:
         return self.value
 
 
+class _Running:
+    """The tasks iterating a guarded response now, so that the lifespan's shutdown can end those still
+    running (:meth:`end`)."""
+
+    __slots__ = ("_tasks",)
+
+    #: How long the shutdown waits for the responses it cancelled to record their endings (each
+    #: guard's final flush is bounded by its own ``flush_timeout``, 5 s by default).
+    WITHIN: ClassVar[float] = 10.0
+
+    def __init__(self) -> None:
+        #: Task -> how many guarded responses it is iterating (one, but nothing forbids more).
+        self._tasks: dict[asyncio.Task[Any], int] = {}
+
+    def add(self, task: asyncio.Task[Any] | None) -> None:
+        if task is not None:
+            self._tasks[task] = self._tasks.get(task, 0) + 1
+
+    def discard(self, task: asyncio.Task[Any] | None) -> None:
+        if task is None:
+            return
+        left = self._tasks.pop(task, 0) - 1
+        if left > 0:
+            self._tasks[task] = left
+
+    async def end(self, within: float = WITHIN) -> None:
+        """Cancel every task still iterating a guarded response and wait, at most ``within`` seconds,
+        for them to end: each guard records its ending (``shutdown``: the flag is set) and writes it.
+
+        The event loop would cancel them too, but later, and not always: uvicorn re-raises the
+        SIGTERM it handled as soon as the lifespan has shut down, and the process ends there, with
+        a background run still ``in_progress`` in the database and nothing spooled. Here the sink and
+        the response store are still open, and the host's own handler of the response is told.
+        """
+        me = asyncio.current_task()
+        tasks = [t for t in self._tasks if t is not me and not t.done()]
+        if not tasks:
+            return
+        log.info("eventguard: shutdown: ending %d responses still running", len(tasks))
+        for task in tasks:
+            task.cancel()
+        _done, pending = await asyncio.wait(tasks, timeout=within)
+        if pending:
+            log.warning(
+                "eventguard: shutdown: %d responses still running %.0f s after they were cancelled",
+                len(pending),
+                within,
+            )
+
+
 def _noting_shutdown(
-    lifespan: Callable[[Any], AbstractAsyncContextManager[Any]], exiting: _Flag
+    lifespan: Callable[[Any], AbstractAsyncContextManager[Any]], exiting: _Flag, running: _Running
 ) -> Callable[[Any], AbstractAsyncContextManager[Any]]:
     @asynccontextmanager
     async def noting(app: Any) -> AsyncIterator[Any]:
         exiting.clear()  # a new lifetime of the app: an earlier exit is over
-        async with lifespan(app) as state:
-            try:
-                yield state
-            finally:
-                exiting.set()  # the server is shutting the app down: the host's shutdown runs next
+        try:
+            async with lifespan(app) as state:
+                try:
+                    yield state
+                finally:
+                    exiting.set()  # the server is shutting the app down: the host's shutdown runs next
+        finally:
+            # After the host's own shutdown (its drain, its handlers), before the storage closes.
+            await running.end()
 
     return noting
 

@@ -7,7 +7,8 @@ RUNNER is ``uvicorn`` (``uvicorn.Server``, which handles SIGTERM itself) or ``ru
 ``server.run()``: Hypercorn with the host's SIGTERM handler). AGENT ``chat`` is a chat agent over a
 scripted client that answers ``"seen <n>"``, n the number of messages the host gave it (its history,
 from the host's store, then the input: a turn chained on, or in the conversation of, a response of an
-earlier lifetime shows what the store served); ``first`` and ``second`` are a one-executor
+earlier lifetime shows what the store served); ``hang`` is a chat agent that streams one chunk and then
+waits until the process stops; ``first`` and ``second`` are a one-executor
 workflow that answers ``"echo: <input> (done)"``, except that in the ``first`` lifetime an input
 starting with ``stuck`` streams one chunk and then waits (a slow model) until the process stops.
 (A workflow's own checkpoints live in process memory, so a workflow turn cannot chain across a
@@ -83,6 +84,8 @@ def say_when_closed(storage: Any) -> None:
 def main(url: str, schema: str, port: int, runner: str, which: str) -> None:
     if which == "chat":
         agent, _probe = chat_agent(Counting(), name="counting-chat")
+    elif which == "hang":
+        agent, _probe = chat_agent(ScriptedChatClient(("one chunk", "never"), hang_after=1), name="hanging-chat")
     else:
         agent = WorkflowBuilder(start_executor=Echo(which)).build().as_agent(name="echo")
     server = GuardedResponsesHostServer(
@@ -90,7 +93,9 @@ def main(url: str, schema: str, port: int, runner: str, which: str) -> None:
         database=url,
         schema=None if schema == "-" else schema,
         # Resilience is for workflow agents only (the host refuses it for a chat agent).
-        options=ResponsesServerOptions(resilient_background=which != "chat", shutdown_grace_period_seconds=2),
+        options=ResponsesServerOptions(
+            resilient_background=which in ("first", "second"), shutdown_grace_period_seconds=2
+        ),
         configure_observability=None,
     )
     storage = server.eventguard_storage

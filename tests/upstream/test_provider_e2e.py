@@ -261,3 +261,29 @@ async def test_sigterm_under_server_run_closes_the_sink_after_the_last_response(
     async with ResponseStore(database.url, schema=database.schema) as store:
         record = await store.get(done.id)
         assert record is not None and record.status == "completed"
+
+
+async def test_sigterm_under_uvicorn_ends_a_background_run_still_going_as_shutdown(
+    database: Database, state_root: Path
+) -> None:
+    """uvicorn re-raises the SIGTERM it handled as soon as the lifespan has shut down: the process
+    ends there, before the event loop would cancel a background run still going. The guard ends it
+    in the lifespan instead, while the database is still open: ``failed``, cause ``shutdown``, written
+    and not spooled."""
+    async with lifetime(database, state_root, "uvicorn", "hang") as only, client(only.base_url) as c:
+        async with asyncio.timeout(STEP):
+            run = await c.responses.create(model="m", input="wait", background=True, store=True)
+            async with ResponseStore(database.url, schema=database.schema) as store:
+
+                async def streaming() -> bool:
+                    record = await store.get(run.id)
+                    return record is not None and record.status == "in_progress"
+
+                while not await streaming():  # noqa: ASYNC110 - the database is another process's
+                    await asyncio.sleep(0.05)
+    (line,) = only.printed("CLOSED")
+    assert json.loads(line[7:]) == {"sink_closed": True, "spooled": 0}
+    async with ResponseStore(database.url, schema=database.schema) as store:
+        record = await store.get(run.id)
+        assert record is not None
+        assert (record.status, record.cause) == ("failed", "shutdown"), record
