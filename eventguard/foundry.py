@@ -429,16 +429,23 @@ class Storage:
     ) -> Storage:
         """The sink (if ``sink``) and the provider (if ``provider``) on one database.
 
-        An ``AsyncEngine`` is borrowed by the provider (the sink, which keeps one engine per event
-        loop, opens its own on the engine's URL); a URL gives each its own pool.
+        An ``AsyncEngine`` is borrowed by both, whole: its pool, its ``async_creator`` and connection
+        settings (rebuilt from ``engine.url`` they would be lost, and a token-authenticated engine's
+        URL may name no database at all), with ``schema`` set per transaction. A URL gives each its
+        own pool.
         """
         from sqlalchemy.ext.asyncio import AsyncEngine
 
         from eventguard.provider import SqlResponseProvider
         from eventguard.sink import SqlSink
 
-        url = database.url if isinstance(database, AsyncEngine) else database
-        made_sink = SqlSink(url, schema=schema, auto_migrate=migrate) if sink else None
+        made_sink = None
+        if not sink:
+            pass
+        elif isinstance(database, AsyncEngine):
+            made_sink = SqlSink(engine=database, schema=schema, auto_migrate=migrate)
+        else:
+            made_sink = SqlSink(database, schema=schema, auto_migrate=migrate)
         if replicas is not None:  # eventguard.replicas: the store fenced by this replica's leases
             from eventguard.replicas.fenced import FencedResponseProvider
             from eventguard.replicas.replica import Replica

@@ -269,7 +269,8 @@ class SqlResponseProvider:
             ``EVENTGUARD_DATABASE_URL``, else ``./eventguard.db``), or an ``AsyncEngine`` to borrow
             (the application's, or the sink's: ``SqlSink.engine``). An engine built from a URL is
             the provider's own and :meth:`aclose` disposes of it; a borrowed one is left open.
-        schema: PostgreSQL schema (``search_path``) for an engine built from a URL.
+        schema: PostgreSQL schema (``search_path``); with an engine, set per transaction on the
+            engine's connections.
         auto_migrate: ``None`` (default) creates the schema in an empty database but never upgrades
             an existing one; ``True`` also upgrades; ``False`` only checks.
         statement_timeout: seconds after which a PostgreSQL statement fails (a storage error, not a
@@ -304,6 +305,16 @@ class SqlResponseProvider:
         connect_timeout = arguments.seconds("connect_timeout", connect_timeout, zero=False)
         if isinstance(url, AsyncEngine):
             self._engine: AsyncEngine | None = url
+            if schema is not None:
+                # The application's pool with the schema set per transaction, as SqlSink(engine=)
+                # and ResponseStore(engine=) take it: used as it is, the engine's own search_path
+                # put these tables in another schema than the sink's.
+                self._engine = _db.borrow_engine(
+                    url,
+                    schema=schema,
+                    busy_timeout_ms=int(busy_timeout * 1000),
+                    statement_timeout=statement_timeout,
+                )
             self._owns_engine = False
             self.url = url.url
         else:
