@@ -35,6 +35,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from eventguard.errors import SchemaMismatchError
+from eventguard.sql.classify import reason
 from eventguard.sql.tables import VERSION_TABLE, metadata
 
 UPGRADE_COMMAND = "eventguard db upgrade"
@@ -216,16 +217,25 @@ async def first_use(
     try:
         await prepare(engine, auto_migrate=auto_migrate, marker_table=marker_table)
         return
-    except SQLAlchemyError:
+    except SQLAlchemyError as exc:
         if attempts < 1:
             raise
+        failed = exc
     for attempt in range(attempts):
         try:
             await check(engine)
             return
-        except SchemaMismatchError:
+        except SchemaMismatchError as mismatch:
             if attempt == attempts - 1:
-                raise
+                # Say why the schema could not be made here (a PostgreSQL schema that does not
+                # exist, a role that may not create tables): "run eventguard db upgrade" alone sends
+                # the reader to a command that fails the same way.
+                raise SchemaMismatchError(
+                    f"{mismatch}; creating it here failed: {reason(failed)}",
+                    current=mismatch.current,
+                    expected=mismatch.expected,
+                    command=mismatch.command,
+                ) from failed
             await asyncio.sleep(pause)
 
 
