@@ -55,6 +55,7 @@ handful of times per response, never per event.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import logging
@@ -102,6 +103,13 @@ _otel_state: Any = _UNSET
 _sinks: weakref.WeakSet[SqlSink] = weakref.WeakSet()
 
 
+def _failed(what: str) -> None:
+    """Say, at DEBUG, that reporting failed (``what``); never raises. The handler that made it fail
+    may be the one this line goes to: a second error from it must not reach the stream either."""
+    with contextlib.suppress(Exception):  # nowhere left to say it; the stream goes on
+        log.debug(what, exc_info=True)
+
+
 def reporting() -> Reporting:
     """The settings in force."""
     return _reporting
@@ -119,7 +127,7 @@ def set_reporting(settings: Reporting) -> Reporting:
         try:
             _otel()
         except Exception:  # as watch_sink: telemetry never breaks the application
-            log.debug("eventguard: setting up the sink's metrics failed", exc_info=True)
+            _failed("eventguard: setting up the sink's metrics failed")
     return before
 
 
@@ -143,7 +151,7 @@ def response_span() -> object | None:
         otel = _otel()
         return otel.recording_span() if otel is not None else None
     except Exception:  # as report_anomaly: telemetry never breaks a stream
-        log.debug("eventguard: reading the current span failed", exc_info=True)
+        _failed("eventguard: reading the current span failed")
         return None
 
 
@@ -186,7 +194,7 @@ def report_anomaly(
             if otel is not None:
                 otel.anomaly(response_id, attempt, kind, reason, event_type, correction, span)
     except Exception:  # reporting must never break a stream; CancelledError is not an Exception
-        log.debug("eventguard: reporting an anomaly failed", exc_info=True)
+        _failed("eventguard: reporting an anomaly failed")
 
 
 def response_ended(lifecycle: Lifecycle, step: Transition) -> None:
@@ -198,7 +206,7 @@ def response_ended(lifecycle: Lifecycle, step: Transition) -> None:
         if otel is not None:
             otel.ended(step)
     except Exception:  # as above
-        log.debug("eventguard: reporting an ending failed", exc_info=True)
+        _failed("eventguard: reporting an ending failed")
 
 
 def watch_sink(sink: SqlSink) -> None:
@@ -214,7 +222,7 @@ def watch_sink(sink: SqlSink) -> None:
         try:
             _otel()  # the observable instruments exist from now on, not from the first anomaly
         except Exception:  # as above: telemetry never breaks the sink
-            log.debug("eventguard: setting up the sink's metrics failed", exc_info=True)
+            _failed("eventguard: setting up the sink's metrics failed")
 
 
 def _wrote(seconds: float, attributes: dict[str, str]) -> None:
@@ -225,7 +233,7 @@ def _wrote(seconds: float, attributes: dict[str, str]) -> None:
         if otel is not None:
             otel.write_duration.record(seconds, attributes)
     except Exception:  # as above
-        log.debug("eventguard: reporting a write failed", exc_info=True)
+        _failed("eventguard: reporting a write failed")
 
 
 _WRITE_BUCKETS: Final = (
@@ -308,7 +316,7 @@ class _Otel:
                     }
                     found += [self._observation(value, {**base, **extra}) for value, extra in read(sink)]
                 except Exception:  # one sink that cannot say does not hide the others
-                    log.debug("eventguard: reading a sink's figures failed", exc_info=True)
+                    _failed("eventguard: reading a sink's figures failed")
             return found
 
         return callback

@@ -216,3 +216,26 @@ async def test_the_sinks_own_anomalies_are_said_too(caplog: pytest.LogCaptureFix
     escaped = [r for r in _lines(caplog) if "value_escaped" in r.getMessage()]
     assert escaped, [r.getMessage() for r in _lines(caplog)]
     assert all(r.levelno == logging.INFO and r.getMessage().isprintable() for r in escaped)
+
+
+async def test_a_log_handler_that_raises_at_every_level_never_reaches_the_stream() -> None:
+    """A handler that raises for every eventguard record, DEBUG included: the failed report's own
+    DEBUG line (that reporting failed) goes to the same handler, and raised out of the stream."""
+
+    class Raising(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            raise RuntimeError("handler down")
+
+    handler = Raising(level=logging.DEBUG)
+    logger = logging.getLogger("eventguard")
+    logger.addHandler(handler)
+    before = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        events, ctx = _shutdown_lie("resp_handler")
+        out = await _run(events, ctx)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(before)
+    assert [e["type"] for e in out][-1] == "response.failed"  # the lie corrected, the stream whole
+    assert len(out) == len(events)

@@ -85,7 +85,8 @@ def main(url: str, schema: str, port: int, runner: str, which: str) -> None:
     if which == "chat":
         agent, _probe = chat_agent(Counting(), name="counting-chat")
     elif which == "hang":
-        agent, _probe = chat_agent(ScriptedChatClient(("one chunk", "never"), hang_after=1), name="hanging-chat")
+        hanging = ScriptedChatClient(("one chunk", "never"), hang_after=1)
+        agent, _probe = chat_agent(hanging, name="hanging-chat")
     else:
         agent = WorkflowBuilder(start_executor=Echo(which)).build().as_agent(name="echo")
     server = GuardedResponsesHostServer(
