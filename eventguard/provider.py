@@ -304,6 +304,7 @@ class SqlResponseProvider:
         busy_timeout = arguments.seconds("busy_timeout", busy_timeout)
         connect_timeout = arguments.seconds("connect_timeout", connect_timeout, zero=False)
         if isinstance(url, AsyncEngine):
+            _db.refuse_autocommit(url)  # the provider's writes are transactions of several rows
             self._engine: AsyncEngine | None = url
             if schema is not None:
                 # The application's pool with the schema set per transaction, as SqlSink(engine=)

@@ -168,8 +168,7 @@ class SqlSink:
         if engine is not None:
             if url is not None:
                 raise ValueError("give SqlSink a url or an engine, not both")
-            if not isinstance(engine, AsyncEngine):
-                raise TypeError(f"engine= takes a SQLAlchemy AsyncEngine, not {type(engine).__name__}")
+            _db.check_borrowable(engine)  # here, not at the first write: that would spool for ever
             url = engine.url
         self.url = _db.resolve_url(url)
         self.schema = schema

@@ -29,7 +29,9 @@ __all__ = [
     "SQLITE_BEGIN_OPTION",
     "PreSerialised",
     "borrow_engine",
+    "check_borrowable",
     "create_engine",
+    "refuse_autocommit",
     "resolve_url",
     "safe_url",
     "scrub",
@@ -517,6 +519,54 @@ class BorrowedEngine(AsyncEngine):
         await super().dispose(close=False)
 
 
+def check_borrowable(engine: object) -> None:
+    """Raise unless eventguard can work beside the application's ``engine`` (:func:`borrow_engine`):
+    ``TypeError`` for what is not an ``AsyncEngine``; ``ValueError`` for a database or driver
+    eventguard does not write through (PostgreSQL must use asyncpg: the sink's bulk path is asyncpg's
+    COPY), an in-memory SQLite database (it cannot be opened twice), and a PostgreSQL engine whose
+    connections are in ``AUTOCOMMIT``: eventguard's writes are transactions, and its schema and
+    ``statement_timeout`` are set per transaction, so on such connections every statement committed
+    alone and the tables went to the connections' own ``search_path``.
+    """
+    if not isinstance(engine, AsyncEngine):
+        raise TypeError(f"engine= takes a SQLAlchemy AsyncEngine, not {type(engine).__name__}")
+    url = engine.url
+    backend, driver = url.get_backend_name(), url.get_driver_name()
+    if backend == "sqlite":
+        if driver != "aiosqlite":
+            raise ValueError(f"an SQLite engine for eventguard must use aiosqlite, not {driver!r}")
+        if sqlite_path(url) is None:
+            raise ValueError(
+                "an in-memory SQLite engine cannot be shared: eventguard opens its own connections to "
+                "the same database file; give the application's engine a file URL"
+            )
+        return
+    if backend != "postgresql" or driver != "asyncpg":
+        raise ValueError(
+            f"unsupported engine {backend}+{driver}: eventguard writes to sqlite+aiosqlite and "
+            "postgresql+asyncpg"
+        )
+    refuse_autocommit(engine)
+
+
+def refuse_autocommit(engine: AsyncEngine) -> None:
+    """``ValueError`` for an engine whose connections are in ``AUTOCOMMIT`` (see
+    :func:`check_borrowable`)."""
+    sync = engine.sync_engine
+    # create_async_engine(isolation_level=) sets it on each new connection (the dialect's
+    # on-connect level); .execution_options(isolation_level=) on the engine's connections.
+    levels = {
+        sync.get_execution_options().get("isolation_level"),
+        getattr(sync.dialect, "_on_connect_isolation_level", None),
+    }
+    if "AUTOCOMMIT" in levels:
+        raise ValueError(
+            "an AUTOCOMMIT engine cannot hold eventguard's transactions (each write is one, and the "
+            "schema and statement_timeout are set per transaction): give eventguard an engine of the "
+            "same pool without isolation_level='AUTOCOMMIT', or a URL"
+        )
+
+
 def borrow_engine(
     engine: AsyncEngine,
     *,
@@ -537,27 +587,12 @@ def borrow_engine(
     application's connections), so this is a new engine of eventguard's, disposed as usual. An
     in-memory database cannot be shared that way: ``ValueError``.
 
-    Raises ``ValueError`` for a database or driver eventguard does not write through (PostgreSQL
-    must use asyncpg: the sink's bulk path is asyncpg's COPY).
+    Raises what :func:`check_borrowable` raises.
     """
-    if not isinstance(engine, AsyncEngine):
-        raise TypeError(f"engine= takes a SQLAlchemy AsyncEngine, not {type(engine).__name__}")
+    check_borrowable(engine)
     url = engine.url
-    backend, driver = url.get_backend_name(), url.get_driver_name()
-    if backend == "sqlite":
-        if driver != "aiosqlite":
-            raise ValueError(f"an SQLite engine for eventguard must use aiosqlite, not {driver!r}")
-        if sqlite_path(url) is None:
-            raise ValueError(
-                "an in-memory SQLite engine cannot be shared: eventguard opens its own connections to "
-                "the same database file; give the application's engine a file URL"
-            )
+    if url.get_backend_name() == "sqlite":
         return create_engine(url, schema=schema, busy_timeout_ms=busy_timeout_ms)
-    if backend != "postgresql" or driver != "asyncpg":
-        raise ValueError(
-            f"unsupported engine {backend}+{driver}: eventguard writes to sqlite+aiosqlite and "
-            "postgresql+asyncpg"
-        )
     if schema is not None:
         valid_schema(schema)
     ours = create_async_engine(

@@ -117,6 +117,32 @@ async def test_an_in_memory_sqlite_engine_is_refused_with_what_to_do_instead() -
     try:
         with pytest.raises(ValueError, match="file URL"):
             ResponseStore(engine=app)
+        with pytest.raises(ValueError, match="file URL"):  # when built: at a write it spooled for ever
+            SqlSink(engine=app)
+    finally:
+        await app.dispose()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("how", ["create_async_engine", "execution_options"])
+async def test_an_autocommit_postgresql_engine_is_refused_saying_why(how: str) -> None:
+    """Its connections run each statement alone: the schema and statement_timeout eventguard sets per
+    transaction did nothing, and the tables and rows went to the connections' own search_path."""
+    from eventguard import SqlResponseProvider
+
+    if how == "create_async_engine":
+        app = create_async_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    else:
+        app = create_async_engine(PG_URL).execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        for build in (
+            lambda: SqlSink(engine=app, schema="eg_anywhere"),
+            lambda: ResponseStore(engine=app, schema="eg_anywhere"),
+            lambda: SqlResponseProvider(app, schema="eg_anywhere"),
+            lambda: SqlResponseProvider(app),
+        ):
+            with pytest.raises(ValueError, match="AUTOCOMMIT engine cannot hold eventguard's transactions"):
+                build()
     finally:
         await app.dispose()
 
