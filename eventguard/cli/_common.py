@@ -137,6 +137,8 @@ def _resolve(url: str | None) -> URL:
         return _db.resolve_url(url)
     except BadDatabaseURL as exc:  # a control character, an unencoded '@', a bad port: said in its words
         fail(f"bad database URL {quoted(exc.shown)}: {exc.problem}")
+    except ModuleNotFoundError as exc:  # the database's driver: its extra is named
+        fail(str(exc))
     except ArgumentError:
         reason = "not a database URL (expected e.g. sqlite:///eventguard.db or postgresql://host/db)"
         if raw is not None and "://" not in raw:  # a file's path, most likely: it is not shown

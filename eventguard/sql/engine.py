@@ -6,10 +6,12 @@ the transaction mode and the pooler setting are the same everywhere.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import sqlite3
+import sys
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -90,7 +92,20 @@ def resolve_url(url: str | URL | None) -> URL:
         parsed = parsed.set(drivername="postgresql+asyncpg")
     elif backend not in ("sqlite", "postgresql"):
         raise ValueError(f"unsupported database {backend!r}: eventguard supports sqlite and postgresql")
+    if backend == "postgresql" and _not_installed("asyncpg"):
+        # Said here, where the URL is given: at the first connection a sink took it for an outage
+        # and spooled every response "until the database is back".
+        raise ModuleNotFoundError(
+            "PostgreSQL needs asyncpg, which is not installed: pip install 'eventguard[postgres]'",
+            name="asyncpg",
+        )
     return parsed
+
+
+def _not_installed(module: str) -> bool:
+    if module in sys.modules:
+        return sys.modules[module] is None  # None: imports of it are refused
+    return importlib.util.find_spec(module) is None
 
 
 #: Query parameters whose value is shown as ``***``: any name containing one of these words

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,10 @@ def test_a_usage_error_is_one_line_with_where_to_find_help(argv: list[str], says
     assert line.startswith("eventguard: error: ") and line.endswith(f"(see `{where} --help`)"), line
     assert says in line.lower(), line
     assert result.stdout == ""
+
+
+def test_a_postgresql_url_without_its_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "asyncpg", None)  # as if the postgres extra were not installed
+    line = one_line(Cli("postgresql://u:hunter2@db.example/app")("stats"))
+    said = "PostgreSQL needs asyncpg, which is not installed: pip install 'eventguard[postgres]'"
+    assert line == f"eventguard: error: {said}"
