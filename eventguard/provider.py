@@ -484,14 +484,15 @@ class SqlResponseProvider:
         """
         async with self._storage_errors():
             await self._ready_on_this_loop()
+            if not self._owns_engine:
+                # A borrowed engine's pool resets a returned connection with a rollback, which
+                # must run where SQLAlchemy can await it (a plain close() logged MissingGreenlet at
+                # ERROR on every read); ours skips that reset (create_engine's hooks).
+                async with self.engine.connect() as conn:
+                    return await _fetch_all(await conn.get_raw_connection(), sql, params)
             raw = await self.engine.raw_connection()
             try:
-                driver = raw.driver_connection
-                if not isinstance(driver, aiosqlite.Connection):  # pragma: no cover - another driver
-                    raise ProviderStorageError(
-                        f"an SQLite engine must use aiosqlite, not {type(driver).__name__}"
-                    )
-                return list(await driver.execute_fetchall(sql, params))
+                return await _fetch_all(raw, sql, params)
             finally:
                 raw.close()
 
@@ -1172,6 +1173,14 @@ _SQLITE_GET_BODY = (
 
 #: Envelope statuses that have ended (the host's terminal statuses).
 _ENDED_ENVELOPE = ("completed", "incomplete", "failed", "cancelled")
+
+
+async def _fetch_all(raw: Any, sql: str, params: tuple[str, ...]) -> list[Any]:
+    """``sql``'s rows, straight from the aiosqlite connection under the pooled ``raw`` one."""
+    driver = raw.driver_connection
+    if not isinstance(driver, aiosqlite.Connection):  # pragma: no cover - another driver
+        raise ProviderStorageError(f"an SQLite engine must use aiosqlite, not {type(driver).__name__}")
+    return list(await driver.execute_fetchall(sql, params))
 
 
 class _LoopReader:
