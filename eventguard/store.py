@@ -121,7 +121,8 @@ class ResponseStore:
     @property
     def engine(self) -> AsyncEngine:
         """The engine the store writes through (prune, recover; the replicas' reaper on the same
-        database): the caller's own when given ``engine=``."""
+        database): with ``engine=``, eventguard's engine over the caller's pool on PostgreSQL
+        (:func:`eventguard.sql.engine.borrow_engine`), its own on the same file on SQLite."""
         self._on_this_loop()
         return self._engine
 

@@ -100,7 +100,7 @@ def _print_table(result: DemoResult, schema: str | None) -> None:
     out.print(
         Text(
             printable(
-                f"Next: eventguard responses list --status cancelled{where} | eventguard verify{where} | "
+                f"Next: eventguard responses list --status cancelled{where}; eventguard verify{where}; "
                 f"eventguard responses show {result.rows[-1].response_id}{where}"
             )
         ),
