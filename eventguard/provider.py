@@ -322,6 +322,7 @@ class SqlResponseProvider:
             self._engine = None
             self._owns_engine = True
             self.url = _db.resolve_url(url)
+            _db.require_driver(self.url)
         self.schema = schema
         self.auto_migrate = auto_migrate
         self._statement_timeout = statement_timeout

@@ -98,6 +98,7 @@ class ResponseStore:
             engine = _db.borrow_engine(engine, schema=schema, busy_timeout_ms=int(busy_timeout * 1000))
         else:
             self.url = _db.resolve_url(url)
+            _db.require_driver(self.url)
             engine = _db.create_engine(
                 self.url, schema=schema, pooler_safe=pooler_safe, busy_timeout_ms=int(busy_timeout * 1000)
             )

@@ -137,8 +137,6 @@ def _resolve(url: str | None) -> URL:
         return _db.resolve_url(url)
     except BadDatabaseURL as exc:  # a control character, an unencoded '@', a bad port: said in its words
         fail(f"bad database URL {quoted(exc.shown)}: {exc.problem}")
-    except ModuleNotFoundError as exc:  # the database's driver: its extra is named
-        fail(str(exc))
     except ArgumentError:
         reason = "not a database URL (expected e.g. sqlite:///eventguard.db or postgresql://host/db)"
         if raw is not None and "://" not in raw:  # a file's path, most likely: it is not shown
@@ -187,6 +185,10 @@ def errors(url: URL | None = None) -> Iterator[None]:
         fail(f"migration: {exc}")
     except EventGuardError as exc:
         fail(str(exc))
+    except ModuleNotFoundError as exc:
+        if exc.name != "asyncpg":
+            raise
+        fail(_db.MISSING_ASYNCPG)  # the database's driver, not installed: its extra named
     except Exception as exc:  # the driver's, SQLAlchemy's, the network's: all say "the database"
         where = f" {shown_url(url)}" if url is not None else ""
         orig = getattr(exc, "orig", None) or exc

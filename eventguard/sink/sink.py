@@ -171,6 +171,7 @@ class SqlSink:
             _db.check_borrowable(engine)  # here, not at the first write: that would spool for ever
             url = engine.url
         self.url = _db.resolve_url(url)
+        _db.require_driver(self.url)
         self.schema = schema
         self.filter = EventFilter(events, predicate)
         self.redact = redact

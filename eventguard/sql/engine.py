@@ -28,12 +28,14 @@ from sqlalchemy.engine import URL, make_url
 __all__ = [
     "DEFAULT_SQLITE_FILE",
     "ENV_URL",
+    "MISSING_ASYNCPG",
     "SQLITE_BEGIN_OPTION",
     "PreSerialised",
     "borrow_engine",
     "check_borrowable",
     "create_engine",
     "refuse_autocommit",
+    "require_driver",
     "resolve_url",
     "safe_url",
     "scrub",
@@ -92,14 +94,20 @@ def resolve_url(url: str | URL | None) -> URL:
         parsed = parsed.set(drivername="postgresql+asyncpg")
     elif backend not in ("sqlite", "postgresql"):
         raise ValueError(f"unsupported database {backend!r}: eventguard supports sqlite and postgresql")
-    if backend == "postgresql" and _not_installed("asyncpg"):
-        # Said here, where the URL is given: at the first connection a sink took it for an outage
-        # and spooled every response "until the database is back".
-        raise ModuleNotFoundError(
-            "PostgreSQL needs asyncpg, which is not installed: pip install 'eventguard[postgres]'",
-            name="asyncpg",
-        )
     return parsed
+
+
+def require_driver(url: URL) -> None:
+    """``ModuleNotFoundError`` naming the extra when ``url``'s driver is not installed (asyncpg, the
+    ``postgres`` extra). Called where a store that will connect is given its URL: at the first
+    connection a sink took the error for an outage and spooled every response "until the database
+    is back". (Not by :func:`resolve_url`: printing a migration's SQL needs no driver.)"""
+    if url.get_backend_name() == "postgresql" and _not_installed("asyncpg"):
+        raise ModuleNotFoundError(MISSING_ASYNCPG, name="asyncpg")
+
+
+#: What a PostgreSQL URL without the ``postgres`` extra is told.
+MISSING_ASYNCPG = "PostgreSQL needs asyncpg, which is not installed: pip install 'eventguard[postgres]'"
 
 
 def _not_installed(module: str) -> bool:

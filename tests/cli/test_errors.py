@@ -114,3 +114,10 @@ def test_a_postgresql_url_without_its_driver_names_the_extra(monkeypatch: pytest
     line = one_line(Cli("postgresql://u:hunter2@db.example/app")("stats"))
     said = "PostgreSQL needs asyncpg, which is not installed: pip install 'eventguard[postgres]'"
     assert line == f"eventguard: error: {said}"
+
+
+def test_printing_a_migrations_sql_needs_no_postgresql_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "asyncpg", None)  # a DBA's machine without the postgres extra
+    result = Cli("postgresql://u:hunter2@db.example/app")("db", "upgrade", "--sql")
+    assert result.exit_code == 0, result.output
+    assert "CREATE TABLE eventguard_responses" in result.output
