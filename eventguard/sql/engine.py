@@ -504,7 +504,13 @@ def create_engine(
         _install_sqlite_hooks(engine, busy_timeout_ms)
         return engine
 
-    # application_name shows who holds a connection in pg_stat_activity.
+    # application_name shows who holds a connection in pg_stat_activity. One in the URL (libpq's
+    # spelling, ?application_name=) is a server setting to asyncpg, which refuses it as a keyword:
+    # passed on as it is, every connection failed with a TypeError, taken for an outage.
+    named = url.query.get("application_name")
+    if named is not None:
+        url = url.difference_update_query(["application_name"])
+        application_name = named if isinstance(named, str) else named[-1]
     settings = {"application_name": application_name[:63]}
     if schema is not None:
         settings["search_path"] = search_path(schema)
