@@ -442,10 +442,13 @@ class Storage:
         made_sink = None
         if not sink:
             pass
-        elif isinstance(database, AsyncEngine):
+        elif isinstance(database, AsyncEngine) and database.url.get_driver_name() in _BORROWABLE:
             made_sink = SqlSink(engine=database, schema=schema, auto_migrate=migrate)
         else:
-            made_sink = SqlSink(database, schema=schema, auto_migrate=migrate)
+            # A URL; or an engine of a driver the sink does not write through (psycopg): its own
+            # engine on the engine's URL, with the driver it writes through.
+            url = database.url if isinstance(database, AsyncEngine) else database
+            made_sink = SqlSink(url, schema=schema, auto_migrate=migrate)
         if replicas is not None:  # eventguard.replicas: the store fenced by this replica's leases
             from eventguard.replicas.fenced import FencedResponseProvider
             from eventguard.replicas.replica import Replica
@@ -478,6 +481,10 @@ class Storage:
                 own = self.session_store.provider if self.session_store is not None else None
                 if own is not None and own is not self.provider:
                     await own.aclose()
+
+
+#: The drivers of an engine the sink borrows (``SqlSink(engine=)``).
+_BORROWABLE = frozenset({"asyncpg", "aiosqlite"})
 
 
 def _owning(

@@ -269,8 +269,8 @@ class SqlResponseProvider:
             ``EVENTGUARD_DATABASE_URL``, else ``./eventguard.db``), or an ``AsyncEngine`` to borrow
             (the application's, or the sink's: ``SqlSink.engine``). An engine built from a URL is
             the provider's own and :meth:`aclose` disposes of it; a borrowed one is left open.
-        schema: PostgreSQL schema (``search_path``); with an engine, set per transaction on the
-            engine's connections.
+        schema: PostgreSQL schema (``search_path``); with a PostgreSQL engine, set per transaction
+            on the engine's connections.
         auto_migrate: ``None`` (default) creates the schema in an empty database but never upgrades
             an existing one; ``True`` also upgrades; ``False`` only checks.
         statement_timeout: seconds after which a PostgreSQL statement fails (a storage error, not a
@@ -304,9 +304,13 @@ class SqlResponseProvider:
         busy_timeout = arguments.seconds("busy_timeout", busy_timeout)
         connect_timeout = arguments.seconds("connect_timeout", connect_timeout, zero=False)
         if isinstance(url, AsyncEngine):
-            _db.refuse_autocommit(url)  # the provider's writes are transactions of several rows
             self._engine: AsyncEngine | None = url
-            if schema is not None:
+            postgresql = url.url.get_backend_name() == "postgresql"
+            if postgresql:
+                # Its writes are transactions of several rows. (On SQLite the provider writes
+                # through a connection of its own to the file, and the engine's level is moot.)
+                _db.refuse_autocommit(url)
+            if schema is not None and postgresql:
                 # The application's pool with the schema set per transaction, as SqlSink(engine=)
                 # and ResponseStore(engine=) take it: used as it is, the engine's own search_path
                 # put these tables in another schema than the sink's.

@@ -165,3 +165,21 @@ def test_a_schema_postgresql_cannot_name_is_a_value_error(schema: str) -> None:
     app = create_async_engine(PG_URL)
     with pytest.raises(ValueError, match=r"^schema must be a PostgreSQL name"):
         ResponseStore(engine=app, schema=schema)
+
+
+async def test_an_autocommit_sqlite_engine_still_serves_the_provider(tmp_path: Path) -> None:
+    """On SQLite the provider writes through a connection of its own to the file: the engine's
+    isolation level is not refused there, as it is on PostgreSQL."""
+    from eventguard import SqlResponseProvider
+
+    app = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'app.db'}", isolation_level="AUTOCOMMIT")
+    provider = SqlResponseProvider(app)
+    try:
+        async with asyncio.timeout(30):
+            await provider.start()
+            envelope = {"id": "resp_ac", "object": "response", "status": "completed", "output": []}
+            await provider.create_response(envelope, None, None)
+            assert (await provider.get_response("resp_ac"))["id"] == "resp_ac"
+            await provider.aclose()
+    finally:
+        await app.dispose()
