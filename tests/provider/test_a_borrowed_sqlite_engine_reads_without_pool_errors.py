@@ -31,4 +31,7 @@ async def test_reads_through_an_applications_sqlite_engine_log_no_error(
             await provider.aclose()
     finally:
         await app.dispose()
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    # SQLAlchemy's pool (where the reset's error was logged) and eventguard's own loggers: not
+    # asyncio's, which may report here a task another test left behind, collected now.
+    said = [r for r in caplog.records if r.name.startswith(("sqlalchemy", "eventguard"))]
+    assert [r.getMessage() for r in said if r.levelno >= logging.WARNING] == []
