@@ -310,10 +310,12 @@ class SqlResponseProvider:
                 # Its writes are transactions of several rows. (On SQLite the provider writes
                 # through a connection of its own to the file, and the engine's level is moot.)
                 _db.refuse_autocommit(url)
-            if schema is not None and postgresql:
-                # The application's pool with the schema set per transaction, as SqlSink(engine=)
-                # and ResponseStore(engine=) take it: used as it is, the engine's own search_path
-                # put these tables in another schema than the sink's.
+            if postgresql and (schema is not None or url.url.get_driver_name() == "asyncpg"):
+                # The application's pool with the schema and statement_timeout set per transaction,
+                # as SqlSink(engine=) and ResponseStore(engine=) take it: used as it is, the engine's
+                # own search_path put these tables in another schema than the sink's, the timeout
+                # was never set, and a replica's settings went onto the application's connections.
+                # (Another driver is used as it is, without schema=: borrowing raises for it.)
                 self._engine = _db.borrow_engine(
                     url,
                     schema=schema,
@@ -363,6 +365,12 @@ class SqlResponseProvider:
 
     def __repr__(self) -> str:
         return f"SqlResponseProvider({_db.safe_url(self.url)!r})"
+
+    @property
+    def owns_engine(self) -> bool:
+        """True when the provider built its engine from a URL (and may change and dispose of its
+        pool); False for an engine it was given, whose pool is the application's."""
+        return self._owns_engine
 
     @property
     def engine(self) -> AsyncEngine:

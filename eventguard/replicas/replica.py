@@ -27,6 +27,7 @@ from eventguard.replicas.identity import default_identity
 from eventguard.replicas.options import ReplicaOptions
 from eventguard.replicas.reap import end_envelope, end_lifecycle
 from eventguard.replicas.relay import RELAYED
+from eventguard.sql.engine import BorrowedEngine
 from eventguard.sql.tables import anomalies, responses
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class Replica:
         self._app: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
-        self._listener: Any = None
+        self._listener: AsyncConnection | None = None
         self._delivering: set[asyncio.Task[None]] = set()
         #: Settlements running after their handler (:meth:`settle_later`): (partition, key, id, user).
         self._settling: dict[asyncio.Task[None], tuple[str, str, str, str | None]] = {}
@@ -412,12 +413,26 @@ class Replica:
     async def _bound_idle_transactions(self) -> None:
         """On PostgreSQL, a session of this replica idle inside a transaction for longer than a
         lease is ended by the server: a paused replica (SIGSTOP, a long GC pause) must not hold the
-        row locks the survivors need to end its responses. New connections get the setting; the
-        pool, opened by the schema check, is emptied so that every connection is a new one."""
+        row locks the survivors need to end its responses.
+
+        On the application's engine (``database=engine``, borrowed) the bound is set per transaction
+        of eventguard's, beside its schema: the connections are the application's, and nothing of
+        eventguard's may stay on them. On the provider's own engine, new connections get the
+        setting and the pool, opened by the schema check, is emptied so that every connection is a
+        new one. An application's engine of another driver, used as it is, is left alone."""
         engine = self.provider.engine
         if engine.url.get_backend_name() != "postgresql":
             return
         millis = max(int(self.options.lease * 1000), 100)
+        if isinstance(engine, BorrowedEngine):
+            engine.per_transaction["idle_in_transaction_session_timeout"] = str(millis)
+            return
+        if not self.provider.owns_engine:
+            log.warning(
+                "the engine given is not postgresql+asyncpg: a paused replica's idle transactions "
+                "are not bounded (they are on a URL or an asyncpg engine)"
+            )
+            return
 
         def bound(dbapi_connection: Any, _record: Any) -> None:
             cursor = dbapi_connection.cursor()
@@ -428,24 +443,34 @@ class Replica:
         await engine.dispose()
 
     async def _listen(self) -> None:
-        """LISTEN on PostgreSQL (a dedicated asyncpg connection); polling covers every database."""
-        url = self.provider.engine.url
-        if url.get_backend_name() != "postgresql":
+        """LISTEN on PostgreSQL (asyncpg), on a connection of its own for the replica's life, made
+        the way the engine makes its connections (its URL may name nothing: an application's
+        ``async_creator``) and then detached from the pool, whose size it does not take from.
+        Polling covers every database and every failure here."""
+        engine = self.provider.engine
+        if engine.url.get_backend_name() != "postgresql":
             return
+        connection: AsyncConnection | None = None
         try:
-            import asyncpg  # type: ignore[import-untyped]
-
-            dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
-            self._listener = await asyncio.wait_for(asyncpg.connect(dsn), 10)
+            connection = await asyncio.wait_for(engine.connect(), 10)
+            driver = (await connection.get_raw_connection()).driver_connection
+            await connection.run_sync(lambda sync: sync.detach())
+            add_listener = getattr(driver, "add_listener", None)
+            if add_listener is None:
+                raise TypeError(f"{type(driver).__name__} has no add_listener (asyncpg has)")
 
             def woken(_conn: object, _pid: int, _channel: str, payload: str) -> None:
                 if payload == self.identity:
                     self._wake.set()
 
-            await self._listener.add_listener(CHANNEL, woken)
+            await add_listener(CHANNEL, woken)
+            self._listener, connection = connection, None
         except Exception as exc:  # polling still delivers every cancel
             log.warning("LISTEN %s unavailable (%s): relayed cancels are polled", CHANNEL, exc)
-            self._listener = None
+        finally:
+            if connection is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(connection.close(), 5)
 
     async def _cancel_loop(self) -> None:
         while True:

@@ -13,6 +13,7 @@ import re
 import sqlite3
 import sys
 import uuid
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -540,8 +541,16 @@ class BorrowedEngine(AsyncEngine):
     """An engine over an application's connection pool: eventguard's settings, their connections.
 
     Disposing it never closes a connection of theirs: it lets go of the pool (``close=False``), which
-    stays the application's, open, for the application to dispose.
+    stays the application's, open, for the application to dispose. Never dispose of it while it is
+    still to be used: ``dispose(close=False)`` gives it a new pool of its own, which nothing closes.
+
+    :attr:`per_transaction` holds the server settings set at the start of each of eventguard's
+    transactions (``SET LOCAL``, one round trip for all of them): the connections are the
+    application's, so nothing of eventguard's may stay set on them.
     """
+
+    #: Server setting -> value, set for each transaction of eventguard's (not the application's).
+    per_transaction: dict[str, str]
 
     async def dispose(self, close: bool = True) -> None:
         del close  # the pool is not ours to close
@@ -632,21 +641,52 @@ def borrow_engine(
         json_deserializer=engine.dialect._json_deserializer,
     )
     borrowed = BorrowedEngine(ours.sync_engine)
-    # Both in one round trip per transaction (set_config(..., true) is SET LOCAL), as parameters.
+    _follow_the_lenders_pool(engine, borrowed)
     settings: dict[str, str] = {}
     if schema is not None:
         settings["search_path"] = search_path(schema)
     if statement_timeout is not None:
         settings["statement_timeout"] = str(max(1, int(statement_timeout * 1000)))
-    if settings:
-        calls = ", ".join(f"set_config('{name}', ${i}, true)" for i, name in enumerate(settings, 1))
-        statement, values = f"SELECT {calls}", tuple(settings.values())
+    borrowed.per_transaction = settings
+    statements: dict[int, str] = {}
 
-        @event.listens_for(borrowed.sync_engine, "begin")
-        def _per_transaction(conn: Any) -> None:
-            conn.exec_driver_sql(statement, values)
+    @event.listens_for(borrowed.sync_engine, "begin")
+    def _per_transaction(conn: Any) -> None:
+        # All of them in one round trip (set_config(..., true) is SET LOCAL), names and values as
+        # parameters; the settings may grow after this engine is made (a replica adds its idle bound).
+        if not settings:
+            return
+        count = len(settings)
+        statement = statements.get(count)
+        if statement is None:
+            calls = ", ".join(f"set_config(${2 * i + 1}, ${2 * i + 2}, true)" for i in range(count))
+            statement = statements[count] = f"SELECT {calls}"
+        conn.exec_driver_sql(statement, tuple(part for pair in settings.items() for part in pair))
 
     return borrowed
+
+
+def _follow_the_lenders_pool(lender: AsyncEngine, borrowed: BorrowedEngine) -> None:
+    """When the application disposes of its engine, it gets a new pool: the borrowed engine takes
+    that one too. Kept on the old pool, eventguard's connections were outside the application's
+    pool and its size, and nothing closed them. The listener holds the borrowed engine weakly and
+    goes when it is disposed, so an engine lent many times (a sink per test) keeps none of them."""
+    ours = weakref.ref(borrowed.sync_engine)
+    lent = lender.sync_engine
+
+    def follow(engine: Any) -> None:
+        sync = ours()
+        if sync is None:
+            return
+        sync.pool = engine.pool
+
+    def let_go(_engine: Any) -> None:
+        if event.contains(lent, "engine_disposed", follow):
+            event.remove(lent, "engine_disposed", follow)
+
+    event.listen(lent, "engine_disposed", follow)
+    event.listen(borrowed.sync_engine, "engine_disposed", let_go)
+    weakref.finalize(borrowed.sync_engine, let_go, None)
 
 
 def _statement_name() -> str:

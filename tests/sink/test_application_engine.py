@@ -183,3 +183,41 @@ async def test_an_autocommit_sqlite_engine_still_serves_the_provider(tmp_path: P
             await provider.aclose()
     finally:
         await app.dispose()
+
+
+@pytest.mark.postgres
+async def test_after_the_application_disposes_of_its_engine_the_sink_uses_its_new_pool(
+    pg_target: Target,
+) -> None:
+    """``engine.dispose()`` gives the application's engine a new pool (a reconnect, a fork, a test's
+    reset). The sink kept the old one: its connections were then outside the application's pool,
+    past its size, and nothing closed them, not the sink's ``aclose()`` nor the application's last
+    ``dispose()``."""
+    import uuid
+
+    name = f"app_{uuid.uuid4().hex[:12]}"
+    app = create_async_engine(
+        PG_URL, pool_size=2, max_overflow=0, connect_args={"server_settings": {"application_name": name}}
+    )
+    try:
+        async with asyncio.timeout(60):
+            sink = SqlSink(engine=app, schema=pg_target.schema, spool_path=pg_target.spool, auto_migrate=True)
+            await sink.start()
+            await run_guarded(sink, script("r_before", n_deltas=2))
+            await app.dispose()  # the application lets go of its pool, mid-life
+            await run_guarded(sink, script("r_after", n_deltas=2))
+            assert app.sync_engine.pool.checkedin() >= 1  # type: ignore[attr-defined]
+            await sink.aclose()
+            assert sink.stats.batches_spooled == 0
+    finally:
+        await app.dispose()
+    async with asyncio.timeout(30):
+        while await _backends_named(name):  # noqa: ASYNC110 - the server's, seen a moment after the close
+            await asyncio.sleep(0.05)
+
+
+async def _backends_named(name: str) -> int:
+    from tests._postgres import execute
+
+    rows = await execute("SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = $1", name)
+    return int(rows[0]["n"])
