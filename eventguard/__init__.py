@@ -22,6 +22,7 @@ from eventguard.decision import Decision, Ending, Flags, Forward, decide
 from eventguard.errors import (
     BadDatabaseURL,
     BadSpoolPath,
+    DatabaseUnavailableError,
     EventGuardError,
     GuardAlreadyUsed,
     GuardOutsideLoop,
@@ -123,6 +124,7 @@ __all__ = [
     "BadDatabaseURL",
     "BadSpoolPath",
     "Cause",
+    "DatabaseUnavailableError",
     "Decision",
     "Ending",
     "ErrorInfo",

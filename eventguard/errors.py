@@ -15,6 +15,8 @@ An error that is also a misuse of Python's own kind derives from that builtin to
     ├── BadDatabaseURL          (also ValueError) a database URL that cannot be used as written
     ├── BadSpoolPath            (also ValueError) a spool path that cannot be the spool
     └── StorageError            the database: eventguard's storage errors
+        ├── DatabaseUnavailableError  the database could not be reached or used (refused,
+        │                       timed out, login refused): start(), ResponseStore's calls
         ├── SchemaMismatchError the database's schema is not the one this version writes
         ├── InvalidQueryError   (also ValueError) a query argument the store cannot use
         ├── ResponseStoreError  the host's response store (SqlResponseProvider) could not use
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BadDatabaseURL",
     "BadSpoolPath",
+    "DatabaseUnavailableError",
     "EventGuardError",
     "GuardAlreadyUsed",
     "GuardOutsideLoop",
@@ -136,6 +139,16 @@ class BadSpoolPath(EventGuardError, ValueError):
 
 class StorageError(EventGuardError):
     """Base class for eventguard's database errors."""
+
+
+class DatabaseUnavailableError(StorageError):
+    """The database could not be reached or used: it refused the connection or the login, timed out,
+    does not exist, is out of connections or disk, or the connection was lost.
+
+    Raised by ``SqlSink.start()``, ``SqlResponseProvider.start()`` and :class:`~eventguard.ResponseStore`'s
+    calls (a sink's writes never raise it: they spool). The message names the database, without its
+    password, and the driver's error; that error is the ``__cause__``.
+    """
 
 
 class SchemaMismatchError(StorageError):

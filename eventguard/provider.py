@@ -110,6 +110,7 @@ from eventguard.records import EnvelopePruneResult, EnvelopeRecord
 from eventguard.sql import engine as _db
 from eventguard.sql import migrate as _migrate
 from eventguard.sql import storable
+from eventguard.sql.classify import outages_as_unavailable
 from eventguard.sql.pool_loop import PoolLoop
 from eventguard.sql.sqlite_thread import SqliteConnection, SqliteThread, drive
 from eventguard.sql.tables import (
@@ -406,12 +407,13 @@ class SqlResponseProvider:
 
     async def start(self) -> None:
         """Check the schema (creating or upgrading it per ``auto_migrate``): fails fast with
-        :class:`~eventguard.errors.SchemaMismatchError` naming the command to run. Concurrent calls
-        check once."""
+        :class:`~eventguard.errors.SchemaMismatchError` naming the command to run, and a database that
+        cannot be reached a :class:`~eventguard.DatabaseUnavailableError`. Concurrent calls check once."""
         self._on_this_loop()
-        async with self._starting:
-            if not self._ready:
-                await self._start()
+        with outages_as_unavailable(self.url):
+            async with self._starting:
+                if not self._ready:
+                    await self._start()
 
     async def _start(self) -> None:
         # The check, and the creation or upgrade it calls for, decided under the migration lock

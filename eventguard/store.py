@@ -37,7 +37,7 @@ from eventguard.records import (
 from eventguard.sql import engine as _db
 from eventguard.sql import migrate as _migrate
 from eventguard.sql import storable
-from eventguard.sql.classify import ErrorKind, classify
+from eventguard.sql.classify import ErrorKind, classify, unavailable
 from eventguard.sql.pool_loop import PoolLoop
 from eventguard.sql.tables import (
     ENDED,
@@ -169,13 +169,17 @@ class ResponseStore:
         A statement that fails because the schema is not there (no such table or column: see
         :func:`eventguard.sql.classify.classify`) is a :class:`SchemaMismatchError` saying what to
         run, as the CLI and the provider say it: the schema's revision is read then, once, never on
-        a healthy database's queries.
+        a healthy database's queries. A database that cannot be reached is a
+        :class:`~eventguard.DatabaseUnavailableError`.
         """
         self._on_this_loop()
         try:
             async with engine.begin() as conn:
                 yield conn
         except Exception as exc:
+            away = unavailable(self.url, exc)
+            if away is not None:
+                raise away from exc
             if classify(exc) is not ErrorKind.SCHEMA or isinstance(exc, SchemaMismatchError):
                 raise
             mismatch = await self._schema_mismatch()

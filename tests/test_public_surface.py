@@ -39,6 +39,7 @@ EXPORTED = [
     "BadDatabaseURL",
     "BadSpoolPath",
     "Cause",
+    "DatabaseUnavailableError",
     "Decision",
     "Ending",
     "ErrorInfo",

@@ -41,6 +41,7 @@ from eventguard.sink.spool import Spool
 from eventguard.sink.writer import Writer, WriterConfig
 from eventguard.sql import engine as _db
 from eventguard.sql import migrate as _migrate
+from eventguard.sql.classify import outages_as_unavailable
 
 __all__ = ["FullPolicy", "SqlSink"]
 
@@ -289,9 +290,11 @@ class SqlSink:
         behind or ahead. Without ``start()``, the first ``recorder()`` starts the writer and a
         problem is logged once while batches go to the spool. A spool left from before is
         replayed in the background, beside the new writes. A sink that was closed (``aclose()``)
-        opens again: an application whose lifespan runs twice uses one sink for both.
+        opens again: an application whose lifespan runs twice uses one sink for both. A database
+        that cannot be reached is a :class:`~eventguard.DatabaseUnavailableError`.
         """
-        await self.writer.start()
+        with outages_as_unavailable(self.url):
+            await self.writer.start()
 
     async def __aenter__(self) -> SqlSink:
         await self.start()

@@ -64,12 +64,15 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 
 import orjson
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL
 
-from eventguard.errors import SchemaMismatchError
+from eventguard.errors import DatabaseUnavailableError, SchemaMismatchError
+from eventguard.sql.engine import safe_url, scrub, url_secrets
 
 
 class ErrorKind(StrEnum):
@@ -225,6 +228,31 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         for nxt in (getattr(err, "orig", None), err.__cause__):
             if isinstance(nxt, BaseException):
                 todo.append(nxt)
+
+
+def unavailable(url: URL | str, exc: BaseException) -> DatabaseUnavailableError | None:
+    """``exc`` said as a :class:`~eventguard.DatabaseUnavailableError` when it means the database at
+    ``url`` is away (an :attr:`ErrorKind.OUTAGE`: refused, unreachable, timed out, the login or the
+    database refused), for the caller to raise ``from exc``; None for anything else, to be raised as
+    it is. One line: the database without its password, the driver's error without the URL's secrets."""
+    if classify(exc) is not ErrorKind.OUTAGE:
+        return None
+    lines = reason(exc).splitlines()
+    said = scrub(lines[0] if lines else type(exc).__name__, url_secrets(url))
+    return DatabaseUnavailableError(f"cannot use the database {safe_url(url)}: {said}")
+
+
+@contextmanager
+def outages_as_unavailable(url: URL | str) -> Iterator[None]:
+    """Raise what the block raises, but an outage of the database at ``url`` as the
+    :class:`~eventguard.DatabaseUnavailableError` :func:`unavailable` makes of it, chained."""
+    try:
+        yield
+    except Exception as exc:
+        away = unavailable(url, exc)
+        if away is None:
+            raise
+        raise away from exc
 
 
 def reason(exc: BaseException) -> str:
