@@ -29,6 +29,7 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import os
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -110,6 +111,9 @@ class GuardedResponses:
       this server into one replica of several on the ``database`` (leases with fencing tokens, a
       heartbeat, a reaper, cancel/delete/duplicate ids answered as the owner would: README
       "Several replicas"). Needs ``database=``.
+    - ``spool_path``: the spool of the sink ``database=`` builds (default: beside an SQLite file,
+      else ``./eventguard-spool-<database>.jsonl``); needed for an engine whose URL names no host
+      and no database (one that connects by its own ``async_creator``).
 
     The last guards are kept by response id (:meth:`guard_for`, bounded by ``eventguard_keep_guards``),
     for tests and diagnostics; a finished guard keeps its lifecycle, not the request it served. A
@@ -137,6 +141,7 @@ class GuardedResponses:
         schema: str | None = None,
         migrate: bool | None = None,
         replicas: ReplicaOptions | None = _UNSET,
+        spool_path: str | os.PathLike[str] | None = None,
         **kwargs: Any,
     ) -> None:
         #: The options of every guard of this server (``recoverable`` is set per response).
@@ -178,6 +183,7 @@ class GuardedResponses:
                 sink=sink is _UNSET,
                 provider=wants_store,
                 replicas=replicas,
+                spool_path=spool_path,
             )
             if self.eventguard_storage.sink is not None:
                 sink = self.eventguard_storage.sink
@@ -426,8 +432,10 @@ class Storage:
         sink: bool,
         provider: bool,
         replicas: ReplicaOptions | None = None,
+        spool_path: str | os.PathLike[str] | None = None,
     ) -> Storage:
-        """The sink (if ``sink``) and the provider (if ``provider``) on one database.
+        """The sink (if ``sink``, its spool at ``spool_path``, else its default) and the provider
+        (if ``provider``) on one database.
 
         An ``AsyncEngine`` is borrowed by both, whole: its pool, its ``async_creator`` and connection
         settings (rebuilt from ``engine.url`` they would be lost, and a token-authenticated engine's
@@ -443,12 +451,12 @@ class Storage:
         if not sink:
             pass
         elif isinstance(database, AsyncEngine) and database.url.get_driver_name() in _BORROWABLE:
-            made_sink = SqlSink(engine=database, schema=schema, auto_migrate=migrate)
+            made_sink = SqlSink(engine=database, schema=schema, auto_migrate=migrate, spool_path=spool_path)
         else:
             # A URL; or an engine of a driver the sink does not write through (psycopg): its own
             # engine on the engine's URL, with the driver it writes through.
             url = database.url if isinstance(database, AsyncEngine) else database
-            made_sink = SqlSink(url, schema=schema, auto_migrate=migrate)
+            made_sink = SqlSink(url, schema=schema, auto_migrate=migrate, spool_path=spool_path)
         if replicas is not None:  # eventguard.replicas: the store fenced by this replica's leases
             from eventguard.replicas.fenced import FencedResponseProvider
             from eventguard.replicas.replica import Replica

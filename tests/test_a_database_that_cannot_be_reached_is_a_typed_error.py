@@ -72,4 +72,3 @@ async def test_a_refused_connection_is_a_database_unavailable_error_without_the_
     text = str(error)
     assert SECRET not in text
     assert "127.0.0.1" in text and "ConnectionRefusedError" in text, text
-

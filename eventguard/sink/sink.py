@@ -228,6 +228,15 @@ class SqlSink:
         path = _db.sqlite_path(self.url)
         if path is not None:
             return path.with_name(path.name + ".spool.jsonl")
+        if not self.url.host and not self.url.database:
+            # An engine that connects by its own creator (a token-authenticated application) may
+            # have the URL postgresql+asyncpg://: a default named after it would be one file for
+            # every such application here, each replaying the others' batches into its database.
+            raise ValueError(
+                f"the database URL {_db.safe_url(self.url)!r} names no host and no database, so the "
+                "default spool cannot tell this database from another: give spool_path= (a file of "
+                "this application's; GuardedResponses(spool_path=) with database=)"
+            )
         # One file per database and schema: a spool entry does not say where it was going, and two
         # sinks started in one directory (two apps, two schemas) replayed each other's batches.
         spool = Path.cwd() / f"eventguard-spool-{_target(self.url, self.schema)}.jsonl"

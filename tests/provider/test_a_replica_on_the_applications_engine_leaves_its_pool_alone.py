@@ -18,6 +18,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,6 +56,7 @@ async def setting_of(conn: Any) -> str:
 async def test_a_replica_bounds_its_own_transactions_and_not_the_applications(
     schema: str,
     with_schema: bool,
+    tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -86,6 +88,7 @@ async def test_a_replica_bounds_its_own_transactions_and_not_the_applications(
         sink=True,
         provider=True,
         replicas=ReplicaOptions(identity="engine-replica", lease=LEASE, cancel_poll=60.0),
+        spool_path=tmp_path / "spool.jsonl",  # the URL names no database
     )
     replica = storage.replica
     assert replica is not None

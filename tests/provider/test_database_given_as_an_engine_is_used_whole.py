@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,7 +41,7 @@ async def tables_in(schema: str) -> set[str]:
 
 
 async def test_an_engine_and_a_schema_put_the_sink_the_store_and_the_sessions_in_that_schema(
-    schemas: tuple[str, str],
+    schemas: tuple[str, str], tmp_path: Path
 ) -> None:
     own, asked = schemas
     import asyncpg  # type: ignore[import-untyped]
@@ -51,7 +52,8 @@ async def test_an_engine_and_a_schema_put_the_sink_the_store_and_the_sessions_in
         )
 
     app = create_async_engine("postgresql+asyncpg://", async_creator=connect)
-    storage = Storage.build(app, schema=asked, migrate=None, sink=True, provider=True)
+    spool = tmp_path / "spool.jsonl"  # its URL names no database: the default cannot be told apart
+    storage = Storage.build(app, schema=asked, migrate=None, sink=True, provider=True, spool_path=spool)
     storage.sessions(app, asked, None)
     try:
         async with asyncio.timeout(STEP):

@@ -72,3 +72,35 @@ def test_a_spool_left_at_the_old_shared_default_is_named_in_a_warning(
     with caplog.at_level(logging.WARNING, logger="eventguard.sink"):
         SqlSink(PG_URL, schema="a")
     assert "eventguard spool replay --spool" in caplog.text
+
+
+def test_an_engine_whose_url_names_no_database_needs_a_spool_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine with an ``async_creator`` (a token-authenticated application) may have the URL
+    ``postgresql+asyncpg://``: the default spool, named after the URL's host and database, was then
+    one file for every such application in the directory, and one replayed the other's batches into
+    its own database. Such an engine now needs ``spool_path=``, said where the sink is built."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from eventguard.foundry import Storage
+
+    monkeypatch.chdir(tmp_path)
+
+    async def connect() -> None:  # never called: nothing connects here
+        raise AssertionError
+
+    blind = create_async_engine("postgresql+asyncpg://", async_creator=connect)
+    with pytest.raises(ValueError, match="spool_path="):
+        SqlSink(engine=blind)
+    with pytest.raises(ValueError, match="spool_path="):
+        Storage.build(blind, schema=None, migrate=None, sink=True, provider=False)
+    given = SqlSink(engine=blind, spool_path=tmp_path / "mine.jsonl")
+    assert given.spool.path == tmp_path / "mine.jsonl"
+    built = Storage.build(
+        blind, schema=None, migrate=None, sink=True, provider=False, spool_path=tmp_path / "s.jsonl"
+    )
+    assert built.sink is not None and built.sink.spool.path == tmp_path / "s.jsonl"
+    # A URL that names its database keeps the default, engine or not.
+    named = create_async_engine("postgresql+asyncpg://app@/prod", async_creator=connect)
+    assert SqlSink(engine=named).spool.path.name.startswith("eventguard-spool-")

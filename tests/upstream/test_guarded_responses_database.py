@@ -41,6 +41,13 @@ def test_one_url_builds_the_sink_and_the_store_on_it(tmp_path: Path) -> None:
     assert server._eventguard_sink is storage.sink
 
 
+def test_spool_path_is_the_spool_of_the_sink_database_builds(tmp_path: Path) -> None:
+    server = build(database=f"sqlite:///{tmp_path / 'one.db'}", spool_path=tmp_path / "mine.jsonl")
+    storage = server.eventguard_storage
+    assert storage is not None and isinstance(storage.sink, SqlSink)
+    assert storage.sink.spool.path == tmp_path / "mine.jsonl"
+
+
 def test_sink_none_keeps_only_the_store(tmp_path: Path) -> None:
     server = build(database=f"sqlite:///{tmp_path / 'store.db'}", sink=None)
     assert server.eventguard_storage is not None
