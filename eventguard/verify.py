@@ -6,7 +6,9 @@ response and attempt, the stored transitions are replayed through the state mach
 them; not a ``Lifecycle``, whose ending would be reported as a response's metric again), the
 stored lifecycle events are read as the guard reads them, and the three are compared with the
 response row: every way a response's transitions, events and status disagree is a
-:class:`Disagreement` in the returned :class:`VerifyReport`.
+:class:`Disagreement` in the returned :class:`VerifyReport`. A terminal event whose payload does not
+validate is one only where no anomaly says why: the sink's (stored cut, or as its repr) or the
+guard's (``invalid_lifecycle_event``: it came so from the host, and was recorded as it ended).
 
 ``check_history`` does the same for one :class:`~eventguard.store.History` already read, without I/O.
 
@@ -259,10 +261,20 @@ def _said_by_the_sink(attempt: Attempt | _RowAttempt, seq: int, etype: str, kind
     )
 
 
+def _found_invalid_by_the_guard(attempt: Attempt | _RowAttempt, seq: int, etype: str) -> bool:
+    """Whether the guard said, with an ``invalid_lifecycle_event`` anomaly of this attempt for this
+    event, that it could not validate it either (it recorded the run as it ended, unverified)."""
+    kind = AnomalyKind.INVALID_LIFECYCLE_EVENT.value
+    return any(
+        a.source == "guard" and a.kind == kind and a.event_index == seq and a.event_type == etype
+        for a in attempt.anomalies
+    )
+
+
 def _check_cut_terminal(seq: int, etype: str, final: State | None, how: str) -> list[str]:
-    """What a terminal event the sink stored in place still shows: its type (its position was
-    checked by the caller). Its payload cannot be validated, which is what the sink documents, not a
-    disagreement."""
+    """What a terminal event whose payload cannot be validated still shows: its type (its position
+    was checked by the caller). The sink stored it in place (cut, or as its repr), or the guard found
+    it invalid as it came: either says so in an anomaly, so the payload is not a disagreement."""
     claims = _CUT_TERMINAL_STATES[etype]
     if final is None or final in claims:
         return []
@@ -299,7 +311,11 @@ def _check_events(attempt: Attempt | _RowAttempt, final: State | None, steps: li
             # costs nothing more): such an event cannot be validated, as the sink documents.
             assert etype is not None  # LIFECYCLE_KINDS named it a terminal
             kind_in_place = _stored_in_place_as(event.payload, etype)
-            if kind_in_place is None:
+            if kind_in_place is None and _found_invalid_by_the_guard(attempt, event.seq, etype):
+                # The host sent a terminal nobody can read (a usage of NaN, a string, not an object);
+                # the guard forwarded and recorded it as such: what the record says, not against it.
+                problems.extend(_check_cut_terminal(event.seq, etype, final, "found invalid by the guard"))
+            elif kind_in_place is None:
                 problems.append(f"event #{event.seq} {etype} does not validate: {exc}")
             elif not _said_by_the_sink(attempt, event.seq, etype, kind_in_place):
                 problems.append(
