@@ -215,7 +215,7 @@ class SqlSink:
             return self._default_spool()
         path = Path(given)
         database = _db.sqlite_path(self.url)
-        if database is not None:
+        if database is not None and "\0" not in str(path):  # (a NUL: the Spool refuses it by name)
             mine = os.path.realpath(path)
             for suffix in ("", "-wal", "-shm", "-journal"):
                 if mine == os.path.realpath(database.with_name(database.name + suffix)):

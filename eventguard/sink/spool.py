@@ -394,6 +394,8 @@ def not_a_spool(path: Path) -> str | None:
     that starts as a spool does: an entry's ``EG<version> `` header or a version-0 ``{"response_id":``,
     or a first append torn anywhere in them, after the newline each append begins with). A file that
     cannot be read is left to the first append or replay to say so."""
+    if "\0" in str(path):  # (os.stat's "embedded null byte" named no argument)
+        return "it cannot be a file (a path has no NUL character)"
     try:
         st = path.stat()
     except OSError as exc:

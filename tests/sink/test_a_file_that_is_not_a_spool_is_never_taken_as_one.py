@@ -201,3 +201,9 @@ def test_replay_names_the_default_spool_when_no_spool_was_given(tmp_path: Path) 
     assert result.exit_code != 0
     assert "the default spool: spool_path" in result.output and "--spool" not in result.output, result.output
     assert _files(tmp_path) == before
+
+
+def test_a_path_with_a_nul_is_refused_naming_spool_path(tmp_path: Path) -> None:
+    """A NUL in the path was os.stat's bare ``ValueError: embedded null byte``, naming no argument."""
+    with pytest.raises(BadSpoolPath, match=r"spool_path .* cannot be a file \(a path has no NUL"):
+        SqlSink(f"sqlite:///{tmp_path / 'x.db'}", spool_path=tmp_path / "spool\0.jsonl")
