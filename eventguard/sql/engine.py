@@ -6,6 +6,7 @@ the transaction mode and the pooler setting are the same everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -50,6 +51,7 @@ __all__ = [
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool, NullPool
+from sqlalchemy.util.concurrency import in_greenlet
 
 from eventguard._text import utf8_size
 from eventguard.errors import BadDatabaseURL
@@ -722,6 +724,20 @@ def _install_sqlite_hooks(engine: AsyncEngine, busy_timeout_ms: int) -> None:
         if isinstance(driver, aiosqlite.Connection) and not driver.in_transaction and not unsure:
             return
         dbapi_connection.rollback()
+
+    @event.listens_for(engine.sync_engine, "invalidate")
+    def _on_invalidate(_dbapi_connection: Any, record: Any, _exception: Any) -> None:
+        # SQLAlchemy closes an invalidated connection next (a task cancelled in the middle of a
+        # statement, say). A statement left unfinished on it (an UPDATE ... RETURNING whose rows were
+        # not fetched) keeps sqlite3's close from happening: the connection lingers, its transaction
+        # and the file's write lock with it, for as long as anything holds the cursor. Every other
+        # writer then waited out its busy timeout ("database is locked"). Rolled back first, on the
+        # driver's thread, behind what still runs there: the unfinished statement is aborted with it.
+        driver = record.driver_connection
+        if not isinstance(driver, aiosqlite.Connection) or not in_greenlet():
+            return  # (from the garbage collector: no I/O there)
+        with contextlib.suppress(Exception):  # a connection already gone has nothing to release
+            _await(driver.rollback())
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
