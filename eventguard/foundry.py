@@ -163,6 +163,12 @@ class GuardedResponses:
             replicas = self.eventguard_replicas
         if replicas is not None and database is None:
             raise ValueError("replicas= needs database= (the leases live in that database)")
+        if spool_path is not None and (database is None or sink is not _UNSET):
+            # Nothing here would use it: said, not ignored.
+            raise ValueError(
+                "spool_path= is the spool of the sink database= builds: with sink= given, give that "
+                "sink its spool_path=; without database=, there is no sink of eventguard's making"
+            )
         if replicas is not None and ("store" in kwargs or "response_store" in kwargs):
             # The replicas' leases fence eventguard's SQL store, and every replica must serve from
             # it: the application's own store was replaced without a word.

@@ -72,3 +72,18 @@ async def test_a_refused_connection_is_a_database_unavailable_error_without_the_
     text = str(error)
     assert SECRET not in text
     assert "127.0.0.1" in text and "ConnectionRefusedError" in text, text
+
+
+def test_a_lost_race_is_not_a_database_away() -> None:
+    """A deadlock or a serialization failure goes through when done again: raised as it is."""
+    import asyncpg  # type: ignore[import-untyped]
+
+    from eventguard.sql.classify import unavailable
+
+    url = "postgresql://app@db.example/prod"
+    for lost in (
+        asyncpg.exceptions.DeadlockDetectedError("deadlock detected"),
+        asyncpg.exceptions.SerializationError("could not serialize access"),
+    ):
+        assert unavailable(url, lost) is None
+    assert isinstance(unavailable(url, ConnectionRefusedError(111, "refused")), DatabaseUnavailableError)

@@ -28,6 +28,7 @@ from eventguard.envelopes import user_of as _user_of
 from eventguard.provider import ProviderStorageError, SqlResponseProvider
 from eventguard.replicas import leases as lease_sql
 from eventguard.replicas import snapshot as snapshots
+from eventguard.sql.engine import BorrowedEngine, borrow_engine
 
 if TYPE_CHECKING:
     from eventguard.replicas.replica import Replica
@@ -57,6 +58,23 @@ class FencedResponseProvider(SqlResponseProvider):
     leases (same arguments; ``replica`` is set by the replica that owns it)."""
 
     replica: Replica | None = None
+
+    def bound_idle_transactions(self, seconds: float) -> bool:
+        """On the application's engine (borrowed): end the session of a transaction of the
+        provider's that sits idle for longer than ``seconds`` (``SET LOCAL``, with its schema), by
+        taking the borrowed engine with that setting too. False for any other engine (the
+        replica's own pool gets the setting on each new connection)."""
+        engine = self.engine
+        if not isinstance(engine, BorrowedEngine):
+            return False
+        self._engine = borrow_engine(
+            engine.lender,
+            schema=self.schema,
+            busy_timeout_ms=int(self._busy_timeout * 1000),
+            statement_timeout=self._statement_timeout,
+            idle_in_transaction_timeout=seconds,
+        )
+        return True
 
     async def get_response(self, response_id: str, *, context: Any = None) -> Any:
         found = await super().get_response(response_id, context=context)

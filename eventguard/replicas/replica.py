@@ -27,7 +27,6 @@ from eventguard.replicas.identity import default_identity
 from eventguard.replicas.options import ReplicaOptions
 from eventguard.replicas.reap import end_envelope, end_lifecycle
 from eventguard.replicas.relay import RELAYED
-from eventguard.sql.engine import BorrowedEngine
 from eventguard.sql.tables import anomalies, responses
 
 log = logging.getLogger(__name__)
@@ -424,8 +423,7 @@ class Replica:
         if engine.url.get_backend_name() != "postgresql":
             return
         millis = max(int(self.options.lease * 1000), 100)
-        if isinstance(engine, BorrowedEngine):
-            engine.per_transaction["idle_in_transaction_session_timeout"] = str(millis)
+        if self.provider.bound_idle_transactions(millis / 1000):
             return
         if not self.provider.owns_engine:
             log.warning(
@@ -466,7 +464,9 @@ class Replica:
             await add_listener(CHANNEL, woken)
             self._listener, connection = connection, None
         except Exception as exc:  # polling still delivers every cancel
-            log.warning("LISTEN %s unavailable (%s): relayed cancels are polled", CHANNEL, exc)
+            # (A TimeoutError says nothing in its text: the application's pool was busy, say.)
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            log.warning("LISTEN %s unavailable (%s): relayed cancels are polled", CHANNEL, reason)
         finally:
             if connection is not None:
                 with contextlib.suppress(Exception):

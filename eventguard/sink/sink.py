@@ -61,6 +61,12 @@ def _target(url: URL, schema: str | None) -> str:
     return hashlib.sha256(f"{where}#{schema or ''}".encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
+def _names_its_database(url: URL) -> bool:
+    """Whether ``url`` says where it connects: a host or a database, in its body or its query
+    (``?host=/run/postgresql``)."""
+    return bool(url.host or url.database or url.query.get("host") or url.query.get("dbname"))
+
+
 #: What happens when ``max_buffered`` events wait for the writer: "spool" writes the oldest
 #: buffered events to the spool file right away (synchronously, bounded memory; replay loads
 #: them). Blocking is not offered: ``Recorder.event`` is synchronous and cannot wait.
@@ -202,6 +208,7 @@ class SqlSink:
             pooler_safe=pooler_safe,
             borrowed=engine,
         )
+        self._borrowed = engine is not None
         spool = Spool(self._spool_path(spool_path))
         #: The writer: the recorders' sink, one task per event loop, the spool's replay.
         self.writer = Writer(config, spool, self.stats)
@@ -228,10 +235,11 @@ class SqlSink:
         path = _db.sqlite_path(self.url)
         if path is not None:
             return path.with_name(path.name + ".spool.jsonl")
-        if not self.url.host and not self.url.database:
+        if self._borrowed and not _names_its_database(self.url):
             # An engine that connects by its own creator (a token-authenticated application) may
             # have the URL postgresql+asyncpg://: a default named after it would be one file for
             # every such application here, each replaying the others' batches into its database.
+            # (A URL given as one keeps its default: its database comes from PGHOST, PGDATABASE.)
             raise ValueError(
                 f"the database URL {_db.safe_url(self.url)!r} names no host and no database, so the "
                 "default spool cannot tell this database from another: give spool_path= (a file of "

@@ -234,8 +234,10 @@ def unavailable(url: URL | str, exc: BaseException) -> DatabaseUnavailableError 
     """``exc`` said as a :class:`~eventguard.DatabaseUnavailableError` when it means the database at
     ``url`` is away (an :attr:`ErrorKind.OUTAGE`: refused, unreachable, timed out, the login or the
     database refused), for the caller to raise ``from exc``; None for anything else, to be raised as
-    it is. One line: the database without its password, the driver's error without the URL's secrets."""
-    if classify(exc) is not ErrorKind.OUTAGE:
+    it is. One line: the database without its password, the driver's error without the URL's secrets.
+    A transaction that lost a race (a deadlock, a serialization failure) is not the database being
+    away: done again, it goes through, so it is raised as it is."""
+    if classify(exc) is not ErrorKind.OUTAGE or is_transient_conflict(exc):
         return None
     lines = reason(exc).splitlines()
     said = scrub(lines[0] if lines else type(exc).__name__, url_secrets(url))

@@ -15,8 +15,9 @@ import sqlite3
 import sys
 import uuid
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import quote, quote_plus, unquote, unquote_plus, urlsplit
 
@@ -542,9 +543,12 @@ def create_engine(
 class BorrowedEngine(AsyncEngine):
     """An engine over an application's connection pool: eventguard's settings, their connections.
 
-    Disposing it never closes a connection of theirs: it lets go of the pool (``close=False``), which
-    stays the application's, open, for the application to dispose. Never dispose of it while it is
-    still to be used: ``dispose(close=False)`` gives it a new pool of its own, which nothing closes.
+    Made by :func:`borrow_engine`, once per application engine and settings, and shared by every
+    borrower with those settings (a sink, a store, a provider, one per test or per request): each
+    engine made over a pool adds its dialect's listeners to that pool for good, so one per borrow
+    made every later connection of the application's slower. It follows the application's engine to
+    the new pool an ``engine.dispose()`` of theirs gives it, and disposing it does nothing: the pool
+    is theirs to close, and the engine goes with theirs.
 
     :attr:`per_transaction` holds the server settings set at the start of each of eventguard's
     transactions (``SET LOCAL``, one round trip for all of them): the connections are the
@@ -552,11 +556,12 @@ class BorrowedEngine(AsyncEngine):
     """
 
     #: Server setting -> value, set for each transaction of eventguard's (not the application's).
-    per_transaction: dict[str, str]
+    per_transaction: Mapping[str, str]
+    #: The application's engine this one borrows from (through any ``execution_options()`` copy).
+    lender: AsyncEngine
 
     async def dispose(self, close: bool = True) -> None:
-        del close  # the pool is not ours to close
-        await super().dispose(close=False)
+        del close  # the pool is the application's, and this engine is shared: nothing to do
 
 
 def check_borrowable(engine: object) -> None:
@@ -613,14 +618,16 @@ def borrow_engine(
     schema: str | None = None,
     busy_timeout_ms: int = 30_000,
     statement_timeout: float | None = 60.0,
+    idle_in_transaction_timeout: float | None = None,
 ) -> AsyncEngine:
     """An engine eventguard may use beside the application's own ``engine``, never closing it.
 
     PostgreSQL (asyncpg): a :class:`BorrowedEngine` over the application's pool, so eventguard takes
     its connections from the pool the application sized. eventguard's JSON encoding is a setting of
-    its own engine (bind time), while connections keep the application's JSON decoder; ``schema``
-    and ``statement_timeout`` are set per transaction (``SET LOCAL``), since the connections were
-    opened by the application without them.
+    its own engine (bind time), while connections keep the application's JSON decoder; ``schema``,
+    ``statement_timeout`` and ``idle_in_transaction_timeout`` (seconds) are set per transaction (``SET
+    LOCAL``), since the connections were opened by the application without them. A borrowed engine
+    given here is taken for the application's engine it borrows from.
 
     SQLite: eventguard opens its own connections to the same file (SQLite connections are cheap,
     and the transaction mode eventguard needs, ``BEGIN IMMEDIATE`` with WAL, must not change the
@@ -629,66 +636,79 @@ def borrow_engine(
 
     Raises what :func:`check_borrowable` raises.
     """
+    if isinstance(engine, BorrowedEngine):
+        engine = engine.lender  # a borrower's engine, given on (SqlResponseProvider(sink.engine))
     check_borrowable(engine)
     url = engine.url
     if url.get_backend_name() == "sqlite":
         return create_engine(url, schema=schema, busy_timeout_ms=busy_timeout_ms)
     if schema is not None:
         valid_schema(schema)
-    ours = create_async_engine(
-        url,
-        pool=engine.sync_engine.pool,
-        json_serializer=_json_serializer,
-        # The codec is installed on the pool's connections: keep the application's decoder.
-        json_deserializer=engine.dialect._json_deserializer,
-    )
-    borrowed = BorrowedEngine(ours.sync_engine)
-    _follow_the_lenders_pool(engine, borrowed)
     settings: dict[str, str] = {}
     if schema is not None:
         settings["search_path"] = search_path(schema)
     if statement_timeout is not None:
         settings["statement_timeout"] = str(max(1, int(statement_timeout * 1000)))
-    borrowed.per_transaction = settings
-    statements: dict[int, str] = {}
-
-    @event.listens_for(borrowed.sync_engine, "begin")
-    def _per_transaction(conn: Any) -> None:
-        # All of them in one round trip (set_config(..., true) is SET LOCAL), names and values as
-        # parameters; the settings may grow after this engine is made (a replica adds its idle bound).
-        if not settings:
-            return
-        count = len(settings)
-        statement = statements.get(count)
-        if statement is None:
-            calls = ", ".join(f"set_config(${2 * i + 1}, ${2 * i + 2}, true)" for i in range(count))
-            statement = statements[count] = f"SELECT {calls}"
-        conn.exec_driver_sql(statement, tuple(part for pair in settings.items() for part in pair))
-
+    if idle_in_transaction_timeout is not None:
+        settings["idle_in_transaction_session_timeout"] = str(max(1, int(idle_in_transaction_timeout * 1000)))
+    root = _pool_owner(engine.sync_engine)
+    # Kept on the application's engine itself (not in a global): an engine of theirs that goes
+    # takes its borrowed engines with it.
+    made: dict[tuple[tuple[str, str], ...], BorrowedEngine] = root.__dict__.setdefault(_BORROWED, {})
+    key = tuple(settings.items())
+    borrowed = made.get(key)
+    if borrowed is None:
+        borrowed = made[key] = _borrowed(engine, root, settings)
     return borrowed
 
 
-def _follow_the_lenders_pool(lender: AsyncEngine, borrowed: BorrowedEngine) -> None:
-    """When the application disposes of its engine, it gets a new pool: the borrowed engine takes
-    that one too. Kept on the old pool, eventguard's connections were outside the application's
-    pool and its size, and nothing closed them. The listener holds the borrowed engine weakly and
-    goes when it is disposed, so an engine lent many times (a sink per test) keeps none of them."""
-    ours = weakref.ref(borrowed.sync_engine)
-    lent = lender.sync_engine
+#: The attribute of an application's (sync) engine holding the engines borrowed from it, by settings.
+_BORROWED = "_eventguard_borrowed"
+
+
+def _pool_owner(sync: Any) -> Any:
+    """The engine whose pool ``sync`` uses: itself, or the engine an ``execution_options()`` copy
+    proxies (its ``dispose()`` replaces the pool, and says so on that engine)."""
+    while (proxied := getattr(sync, "_proxied", None)) is not None:
+        sync = proxied
+    return sync
+
+
+def _borrowed(lender: AsyncEngine, root: Any, settings: dict[str, str]) -> BorrowedEngine:
+    ours = create_async_engine(
+        lender.url,
+        pool=root.pool,
+        json_serializer=_json_serializer,
+        # The codec is installed on the pool's connections: keep the application's decoder.
+        json_deserializer=lender.dialect._json_deserializer,
+    )
+    borrowed = BorrowedEngine(ours.sync_engine)
+    borrowed.per_transaction = MappingProxyType(dict(settings))
+    borrowed.lender = lender
+    if settings:
+        # All of them in one round trip (set_config(..., true) is SET LOCAL), names and values as
+        # parameters.
+        calls = ", ".join(f"set_config(${2 * i + 1}, ${2 * i + 2}, true)" for i in range(len(settings)))
+        statement = f"SELECT {calls}"
+        values = tuple(part for pair in settings.items() for part in pair)
+
+        @event.listens_for(borrowed.sync_engine, "begin")
+        def _per_transaction(conn: Any) -> None:
+            conn.exec_driver_sql(statement, values)
+
+    # When the application disposes of its engine, it gets a new pool: the borrowed engine takes
+    # that one too. Kept on the old pool, eventguard's connections were outside the application's
+    # pool and its size, and nothing closed them. (Held weakly: the application's engine holds the
+    # borrowed one already, see borrow_engine.)
+    sync = weakref.ref(borrowed.sync_engine)
 
     def follow(engine: Any) -> None:
-        sync = ours()
-        if sync is None:
-            return
-        sync.pool = engine.pool
+        following = sync()
+        if following is not None:
+            following.pool = engine.pool
 
-    def let_go(_engine: Any) -> None:
-        if event.contains(lent, "engine_disposed", follow):
-            event.remove(lent, "engine_disposed", follow)
-
-    event.listen(lent, "engine_disposed", follow)
-    event.listen(borrowed.sync_engine, "engine_disposed", let_go)
-    weakref.finalize(borrowed.sync_engine, let_go, None)
+    event.listen(root, "engine_disposed", follow)
+    return borrowed
 
 
 def _statement_name() -> str:

@@ -94,8 +94,9 @@ async def test_a_replica_bounds_its_own_transactions_and_not_the_applications(
     assert replica is not None
     try:
         async with asyncio.timeout(STEP):
-            async with app.connect() as conn:  # the application's idle connection, in its pool
-                before = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+            # The application's idle connections, two in its pool (LISTEN may take one of them).
+            async with app.connect() as one, app.connect() as two:
+                before = [(await c.execute(text("SELECT pg_backend_pid()"))).scalar_one() for c in (one, two)]
             await storage.start()
             with caplog.at_level(logging.WARNING, logger="eventguard.replicas.replica"):
                 await replica.start(app=None)
@@ -110,8 +111,9 @@ async def test_a_replica_bounds_its_own_transactions_and_not_the_applications(
                     assert await setting_of(conn) == "3s"
                 async with app.connect() as conn:  # the application's: untouched
                     assert await setting_of(conn) == "0"
-                # and its idle connection was not closed under it
-                assert await execute("SELECT 1 FROM pg_stat_activity WHERE pid = $1", before)
+                # and its idle connections were not closed under it
+                alive = await execute("SELECT pid FROM pg_stat_activity WHERE pid = ANY($1::int[])", before)
+                assert sorted(r["pid"] for r in alive) == sorted(before)
             finally:
                 await replica.stop()
                 await storage.aclose()

@@ -101,6 +101,9 @@ def test_an_engine_whose_url_names_no_database_needs_a_spool_path(
         blind, schema=None, migrate=None, sink=True, provider=False, spool_path=tmp_path / "s.jsonl"
     )
     assert built.sink is not None and built.sink.spool.path == tmp_path / "s.jsonl"
-    # A URL that names its database keeps the default, engine or not.
+    # A URL that names its database keeps the default, engine or not, in its body or its query;
+    # so does a URL given as one (its database from PGHOST and PGDATABASE, as before).
     named = create_async_engine("postgresql+asyncpg://app@/prod", async_creator=connect)
-    assert SqlSink(engine=named).spool.path.name.startswith("eventguard-spool-")
+    by_query = create_async_engine("postgresql+asyncpg:///?host=/run/postgresql", async_creator=connect)
+    for kept in (SqlSink(engine=named), SqlSink(engine=by_query), SqlSink("postgresql+asyncpg://")):
+        assert kept.spool.path.name.startswith("eventguard-spool-")

@@ -48,6 +48,14 @@ def test_spool_path_is_the_spool_of_the_sink_database_builds(tmp_path: Path) -> 
     assert storage.sink.spool.path == tmp_path / "mine.jsonl"
 
 
+def test_spool_path_without_a_sink_of_database_s_making_is_refused(tmp_path: Path) -> None:
+    spool = tmp_path / "mine.jsonl"
+    with pytest.raises(ValueError, match="spool_path= is the spool of the sink database= builds"):
+        build(spool_path=spool)
+    with pytest.raises(ValueError, match="give that sink its spool_path="):
+        build(database=f"sqlite:///{tmp_path / 'one.db'}", sink=None, spool_path=spool)
+
+
 def test_sink_none_keeps_only_the_store(tmp_path: Path) -> None:
     server = build(database=f"sqlite:///{tmp_path / 'store.db'}", sink=None)
     assert server.eventguard_storage is not None
