@@ -10,28 +10,22 @@ through the guard and the sink.
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from sqlalchemy import delete, insert, update
-from typer.testing import CliRunner
 
 from eventguard import guard
-from eventguard.cli import app
 from eventguard.sink import SqlSink
 from eventguard.sql.tables import anomalies, events, responses, transitions
 from eventguard.store import ResponseStore
-from eventguard.verify import Disagreement, VerifyReport, check_history, verify
+from eventguard.verify import Disagreement, VerifyReport
 from tests._postgres import sqlite_or_postgres
 
-from .conftest import STEP
-
-T = TypeVar("T")
+from .verifying import alter, cli_verify, run, verified
 
 #: Small, so that a 5,000-character answer is cut (the default, 1 MiB, cuts a 1 MB answer the same).
 LIMIT = 4096
@@ -43,16 +37,6 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[s
     """(URL, schema): a SQLite file, or a fresh PostgreSQL schema (dropped after)."""
     with sqlite_or_postgres(request.param, tmp_path, "eg_cut") as target:
         yield target
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """One bounded event loop of its own (the CLI, called between, runs its own)."""
-
-    async def bounded() -> T:
-        async with asyncio.timeout(STEP):
-            return await coro
-
-    return asyncio.run(bounded())
 
 
 def terminal(rid: str, etype: str, text: str) -> dict[str, Any]:
@@ -90,29 +74,6 @@ async def record(url: str, schema: str | None, runs: list[tuple[str, str, str]])
                     pass
     finally:
         await sink.aclose()
-
-
-async def alter(url: str, schema: str | None, *statements: Any) -> None:
-    """Change stored rows (a history that disagrees), in one transaction."""
-    async with ResponseStore(url, schema=schema) as store, store.engine.begin() as conn:
-        for statement in statements:
-            await conn.execute(statement)
-
-
-async def verified(url: str, schema: str | None) -> VerifyReport:
-    async with ResponseStore(url, schema=schema) as store:
-        report = await verify(store)
-        # The typed path (check_history of a History) says the same as verify's row path.
-        typed = [d for h in [h async for h in store.histories()] for d in check_history(h)]
-    assert tuple(typed) == report.disagreements
-    return report
-
-
-def cli_verify(url: str, schema: str | None) -> tuple[int, dict[str, Any]]:
-    """``eventguard verify --json``: its exit code and what it printed."""
-    argv = ["verify", "--json", "--database-url", url, *(["--schema", schema] if schema else [])]
-    result = CliRunner().invoke(app, argv, catch_exceptions=False)
-    return result.exit_code, json.loads(result.stdout)
 
 
 def cut_event(rid: str) -> Any:

@@ -12,27 +12,21 @@ PostgreSQL, recorded through the guard and the sink.
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from sqlalchemy import delete, update
-from typer.testing import CliRunner
 
 from eventguard import guard
-from eventguard.cli import app
 from eventguard.sink import SqlSink
 from eventguard.sql.tables import anomalies, responses, transitions
 from eventguard.store import ResponseStore
-from eventguard.verify import VerifyReport, check_history, verify
+from eventguard.verify import VerifyReport
 from tests._postgres import sqlite_or_postgres
 
-from .conftest import STEP
-
-T = TypeVar("T")
+from .verifying import alter, cli_verify, run, verified
 
 #: Usages a host may send that do not validate (each its own response).
 BAD_USAGES: dict[str, Any] = {
@@ -46,14 +40,6 @@ BAD_USAGES: dict[str, Any] = {
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str | None]]:
     with sqlite_or_postgres(request.param, tmp_path, "eg_invalid") as target:
         yield target
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    async def bounded() -> T:
-        async with asyncio.timeout(STEP):
-            return await coro
-
-    return asyncio.run(bounded())
 
 
 class _Signal:
@@ -79,26 +65,6 @@ async def record(url: str, schema: str | None, usages: dict[str, Any]) -> None:
                     pass
     finally:
         await sink.aclose()
-
-
-async def alter(url: str, schema: str | None, *statements: Any) -> None:
-    async with ResponseStore(url, schema=schema) as store, store.engine.begin() as conn:
-        for statement in statements:
-            await conn.execute(statement)
-
-
-async def verified(url: str, schema: str | None) -> VerifyReport:
-    async with ResponseStore(url, schema=schema) as store:
-        report = await verify(store)
-        typed = [d for h in [h async for h in store.histories()] for d in check_history(h)]
-    assert tuple(typed) == report.disagreements
-    return report
-
-
-def cli_verify(url: str, schema: str | None) -> tuple[int, dict[str, Any]]:
-    argv = ["verify", "--json", "--database-url", url, *(["--schema", schema] if schema else [])]
-    result = CliRunner().invoke(app, argv, catch_exceptions=False)
-    return result.exit_code, json.loads(result.stdout)
 
 
 def test_a_terminal_the_guard_recorded_as_invalid_is_no_disagreement(
