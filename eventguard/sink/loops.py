@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from eventguard.errors import SinkLoopError
 from eventguard.sink.report import log
+from eventguard.sql import engine as _db
 
 __all__ = ["LoopState", "Loops"]
 
@@ -104,7 +105,7 @@ def _retire(st: LoopState) -> bool:
     engine, st.engine = st.engine, None
     if engine is not None:
         try:
-            engine.sync_engine.dispose(close=False)
+            _db.let_go(engine)
         except Exception as exc:  # pragma: no cover - no I/O is involved
             log.debug("eventguard sink: dropping a closed loop's pool: %s", exc)
     return True

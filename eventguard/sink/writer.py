@@ -551,7 +551,7 @@ class Writer:
                     async with asyncio.timeout(_TEARDOWN_TIMEOUT):
                         await engine.dispose()
                 except Exception:
-                    engine.sync_engine.dispose(close=False)
+                    _db.let_go(engine)
             raise
 
     def _keep_waiting_work(self) -> None:

@@ -638,7 +638,7 @@ def borrow_engine(
     """
     if isinstance(engine, BorrowedEngine):
         engine = engine.lender  # a borrower's engine, given on (SqlResponseProvider(sink.engine))
-    check_borrowable(engine)
+    check_borrowable(engine)  # (a copy of a borrowed engine is followed to its root below)
     url = engine.url
     if url.get_backend_name() == "sqlite":
         return create_engine(url, schema=schema, busy_timeout_ms=busy_timeout_ms)
@@ -666,12 +666,42 @@ def borrow_engine(
 _BORROWED = "_eventguard_borrowed"
 
 
+#: The attribute of a borrowed engine's sync engine naming the application's engine it borrows from.
+_ROOT = "_eventguard_root"
+
+
 def _pool_owner(sync: Any) -> Any:
-    """The engine whose pool ``sync`` uses: itself, or the engine an ``execution_options()`` copy
-    proxies (its ``dispose()`` replaces the pool, and says so on that engine)."""
+    """The application's engine whose pool ``sync`` uses: itself; the engine an
+    ``execution_options()`` copy proxies (its ``dispose()`` replaces the pool, and says so on that
+    engine); the engine a borrowed engine borrows from, however it was copied (``store.reader``)."""
+    while True:
+        root = sync.__dict__.get(_ROOT)
+        if root is not None:
+            return root
+        proxied = getattr(sync, "_proxied", None)
+        if proxied is None:
+            return sync
+        sync = proxied
+
+
+def is_borrowed(engine: AsyncEngine) -> bool:
+    """Whether ``engine`` (or the engine it copies) uses an application's pool, not one of its own."""
+    return _pool_owner(engine.sync_engine) is not _own_pool_owner(engine.sync_engine)
+
+
+def _own_pool_owner(sync: Any) -> Any:
     while (proxied := getattr(sync, "_proxied", None)) is not None:
         sync = proxied
     return sync
+
+
+def let_go(engine: AsyncEngine) -> None:
+    """Drop ``engine``'s pool without closing its connections (they belong to an event loop that
+    is gone): the engine takes a new pool of its own. Never a borrowed engine's: that pool is the
+    application's, and the engine is shared by every borrower of its settings (moved onto a pool
+    of its own, all of them left the application's pool and its size)."""
+    if not is_borrowed(engine):
+        engine.sync_engine.dispose(close=False)
 
 
 def _borrowed(lender: AsyncEngine, root: Any, settings: dict[str, str]) -> BorrowedEngine:
@@ -682,6 +712,7 @@ def _borrowed(lender: AsyncEngine, root: Any, settings: dict[str, str]) -> Borro
         # The codec is installed on the pool's connections: keep the application's decoder.
         json_deserializer=lender.dialect._json_deserializer,
     )
+    ours.sync_engine.__dict__[_ROOT] = root
     borrowed = BorrowedEngine(ours.sync_engine)
     borrowed.per_transaction = MappingProxyType(dict(settings))
     borrowed.lender = lender

@@ -18,6 +18,8 @@ import weakref
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from eventguard.sql.engine import let_go
+
 __all__ = ["PoolLoop"]
 
 
@@ -44,5 +46,5 @@ class PoolLoop:
         if not self.moved():
             return False
         if engine is not None:
-            engine.sync_engine.dispose(close=False)
+            let_go(engine)
         return True

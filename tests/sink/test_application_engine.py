@@ -265,3 +265,59 @@ async def test_a_borrowed_engine_follows_the_applications_pool_however_it_was_le
             assert borrowed.sync_engine.pool is app.sync_engine.pool
     finally:
         await app.dispose()
+
+
+async def test_a_copy_of_a_borrowed_engine_lent_again_follows_the_applications_pool() -> None:
+    """``store.reader`` is an ``execution_options()`` copy of the store's borrowed engine: lent to a
+    provider, its engine stayed on the application's old pool after ``app.dispose()``, outside the
+    pool's size, closed by nothing."""
+    from eventguard.provider import SqlResponseProvider
+    from eventguard.sql.engine import borrow_engine
+
+    app = create_async_engine(PG_URL)
+    store = ResponseStore(engine=app)
+    try:
+        provider = SqlResponseProvider(store.reader)
+        copied = borrow_engine(store.engine.execution_options(logging_token="copy"), schema="x")
+        await app.dispose()
+        for engine in (store.engine, provider.engine, copied):
+            assert engine.sync_engine.pool is app.sync_engine.pool
+    finally:
+        await store.aclose()
+        await app.dispose()
+
+
+@pytest.mark.postgres
+def test_a_sink_that_changes_event_loops_leaves_the_shared_borrowed_engine_on_the_applications_pool(
+    tmp_path: Path,
+) -> None:
+    """A sink used in one ``asyncio.run()`` (a spool replay) and started in the next lets go of the
+    first loop's engine: a borrowed engine, shared with every borrower of its settings, was given a
+    pool of its own there, and a provider on the same engine then took connections past the
+    application's pool size, left open after everything closed."""
+    from eventguard.provider import SqlResponseProvider
+    from tests._postgres import fresh_schema_sync
+
+    with fresh_schema_sync("eg_loops_lent") as schema:
+        app = create_async_engine(PG_URL, pool_size=2, max_overflow=0)
+        sink = SqlSink(engine=app, schema=schema, spool_path=tmp_path / "spool.jsonl", auto_migrate=True)
+
+        async def first() -> None:
+            async with asyncio.timeout(60):
+                await sink.replay_spool()  # this loop's engine, and no writer task
+                await app.dispose()  # the application's connections go with their loop
+
+        async def second() -> None:
+            async with asyncio.timeout(60):
+                provider = SqlResponseProvider(app, schema=schema)
+                await sink.start()  # lets go of the first loop's state
+                try:
+                    assert provider.engine.sync_engine.pool is app.sync_engine.pool
+                    assert sink.engine.sync_engine.pool is app.sync_engine.pool
+                finally:
+                    await sink.aclose()
+                    await provider.aclose()
+                    await app.dispose()
+
+        asyncio.run(first())
+        asyncio.run(second())
